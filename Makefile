@@ -1,0 +1,29 @@
+# Two commands are all the set-up there is:  make train  and  make test.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup train test test-all build-model clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+train: setup             ## the default run: GRPO on the built-in addition task, CPU
+	$(BIN)/rlft train $(ARGS)
+
+test: setup              ## the fast tests (seconds to a few minutes)
+	$(BIN)/pytest -q
+
+test-all: setup          ## everything, slow end-to-end runs included (what CI runs)
+	$(BIN)/pytest -q -m ''
+
+build-model: setup       ## rebuild rlft/models/tiny_adder (deterministic, ~10 min on 2 cores)
+	$(BIN)/python scripts/build_tiny_model.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,105 @@
+"""Checkpoints: model, optimizer, RNG states, data position and step, written atomically.
+
+A checkpoint is written into a temporary folder and renamed into place, then `latest` is replaced
+atomically, so a crash or Ctrl-C at any moment leaves the previous checkpoint whole.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from rlft.errors import ConfigError
+
+
+@dataclass
+class TrainerState:
+    step: int                      # last completed step
+    sampler_position: int          # problems dealt so far
+    rollout_rng: torch.Tensor      # the engine's sampling generator
+    torch_rng: torch.Tensor
+
+
+def save_checkpoint(run_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    state: TrainerState, keep: int) -> Path:
+    root = run_dir / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"step_{state.step:06d}"
+    tmp = root / f".{name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    save_file({k: v.detach().contiguous() for k, v in model.named_parameters()}, tmp / "model.safetensors")
+    opt_tensors, opt_groups = _flatten_optimizer(optimizer)
+    save_file(opt_tensors | {"rng.rollout": state.rollout_rng, "rng.torch": state.torch_rng},
+              tmp / "trainer_state.safetensors")
+    meta = {"step": state.step, "sampler_position": state.sampler_position, "optimizer_param_groups": opt_groups}
+    (tmp / "trainer_state.json").write_text(json.dumps(meta, indent=1))
+    for file in tmp.iterdir():
+        _fsync(file)
+    final = root / name
+    shutil.rmtree(final, ignore_errors=True)
+    os.rename(tmp, final)
+    _atomic_write(root / "latest", name)
+    for old in sorted(p for p in root.glob("step_*") if p.is_dir())[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest_checkpoint(run_dir: Path) -> Path:
+    pointer = run_dir / "checkpoints" / "latest"
+    if not pointer.is_file():
+        raise ConfigError(f"resume='{run_dir}': no checkpoint found (expected {pointer})")
+    return run_dir / "checkpoints" / pointer.read_text().strip()
+
+
+def load_checkpoint(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> TrainerState:
+    weights = load_file(folder / "model.safetensors")
+    params = dict(model.named_parameters())
+    if set(weights) != set(params):
+        raise ConfigError(f"checkpoint {folder} does not match the model "
+                          f"(differs in {sorted(set(weights) ^ set(params))[:5]})")
+    with torch.no_grad():
+        for name, tensor in weights.items():
+            params[name].copy_(tensor)
+    tensors = load_file(folder / "trainer_state.safetensors")
+    meta = json.loads((folder / "trainer_state.json").read_text())
+    optimizer.load_state_dict(_unflatten_optimizer(tensors, meta["optimizer_param_groups"]))
+    return TrainerState(step=meta["step"], sampler_position=meta["sampler_position"],
+                        rollout_rng=tensors["rng.rollout"], torch_rng=tensors["rng.torch"])
+
+
+def _flatten_optimizer(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list[dict]]:
+    sd = optimizer.state_dict()
+    tensors = {f"optim.{index}.{key}": value.contiguous() for index, slots in sd["state"].items()
+               for key, value in slots.items()}
+    return tensors, sd["param_groups"]
+
+
+def _unflatten_optimizer(tensors: dict[str, torch.Tensor], param_groups: list[dict]) -> dict:
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for name, value in tensors.items():
+        if name.startswith("optim."):
+            _, index, key = name.split(".", 2)
+            state.setdefault(int(index), {})[key] = value
+    for group in param_groups:  # JSON turned tuples into lists
+        if "betas" in group:
+            group["betas"] = tuple(group["betas"])
+    return {"state": state, "param_groups": param_groups}
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    _fsync(tmp)
+    os.replace(tmp, path)
+
+
+def _fsync(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())

@@ -1,0 +1,223 @@
+"""The typed run config. Each group of conf/ has a dataclass here; Hydra composes the YAML onto these
+schemas (registered in the ConfigStore), so an unknown key or a wrong type fails at start-up.
+
+Key names follow ALGORITHMS.md ("Config keys"): one name per concept, in YAML, logs and W&B alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Optional, get_type_hints
+
+from hydra.core.config_store import ConfigStore
+
+from rlft.algos.losses import KL_ESTIMATORS, LOSS_AGGS, RATIO_LEVELS
+from rlft.errors import ConfigError
+
+SCALE_REWARDS = ("group", "batch", "none")
+DEVICES = ("cpu", "cuda")
+DTYPES = ("float32", "bfloat16", "float16")
+ENGINES = ("hf",)
+
+
+@dataclass
+class EpsHighSchedule:
+    """Moves eps_high from its configured value to `end` over `steps` training steps."""
+    kind: str = "linear"          # linear | cosine
+    end: float = 0.28
+    steps: int = 100
+
+
+@dataclass
+class OverlongConfig:
+    """DAPO overlong reward shaping: a length penalty in the last `buffer` tokens before max_new_tokens."""
+    enabled: bool = False
+    buffer: Optional[int] = None  # null = max_new_tokens // 4
+    penalty: float = 1.0
+
+
+@dataclass
+class AlgoConfig:
+    """The policy-gradient algorithm (ALGORITHMS.md): GRPO, DAPO and GSPO are presets of these keys."""
+    name: str = "grpo"
+    group_size: int = 8                    # responses sampled per prompt (G)
+    scale_rewards: str = "group"           # group | batch | none (Dr. GRPO)
+    ratio_level: str = "token"             # token | sequence | sequence_token
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    eps_high_schedule: Optional[EpsHighSchedule] = None
+    clip_ratio_c: Optional[float] = None   # dual clip for negative advantages; null = off
+    loss_agg: str = "seq_mean_token_mean"  # token_mean | seq_mean_token_mean | seq_mean_token_sum_norm | seq_mean
+    kl_coef: float = 0.04                  # 0 = no reference model is loaded
+    kl_estimator: str = "k3"               # k1 | k2 | k3
+    kl_in_reward: bool = False             # put -kl_coef * KL into the reward instead of the loss
+    dynamic_sampling: bool = False
+    max_sampling_rounds: int = 3
+    overlong: OverlongConfig = field(default_factory=OverlongConfig)
+    mask_truncated: bool = False           # overlong filtering: responses without EOS get no loss
+    routing_replay: bool = False
+    tis_cap: Optional[float] = None        # truncated importance sampling cap C; null = off
+    ppo_epochs: int = 1                    # optimizer steps per batch of rollouts
+    micro_batch_size: Optional[int] = None  # responses per forward/backward; null = the whole batch
+
+
+@dataclass
+class ModelConfig:
+    """The policy to fine-tune: `builtin:NAME`, a local Hugging Face folder, or a hub id."""
+    path: str = "builtin:tiny-adder"
+    dtype: str = "float32"                 # float32 | bfloat16 | float16
+
+
+@dataclass
+class DataConfig:
+    """Prompts and reference answers; `arithmetic` is generated, `jsonl` reads prompt/answer rows."""
+    name: str = "arithmetic"               # arithmetic | jsonl
+    min_operand: int = 10                  # arithmetic: operand range
+    max_operand: int = 99
+    eval_size: int = 500                   # held-out problems (arithmetic, or split off a JSONL without eval_path)
+    split_seed: int = 0                    # fixes which problems are held out
+    path: Optional[str] = None             # jsonl: training rows
+    eval_path: Optional[str] = None        # jsonl: held-out rows
+    prompt_key: str = "prompt"
+    answer_key: str = "answer"
+
+
+@dataclass
+class RewardConfig:
+    """Reward function by registry name: (prompt, completion, answer) -> float."""
+    name: str = "exact_match"
+
+
+@dataclass
+class RolloutConfig:
+    """The rollout engine and how it samples."""
+    engine: str = "hf"
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 8                # L_max, the longest response
+    max_batch_size: int = 1024             # sequences generated at once
+
+
+@dataclass
+class HardwareConfig:
+    device: str = "cpu"
+    num_threads: Optional[int] = None      # torch threads; null = the cores this process may use
+
+
+@dataclass
+class LoggerConfig:
+    console: bool = True                   # a progress bar and one line per step
+    jsonl: bool = True                     # metrics.jsonl in the run directory
+
+
+@dataclass
+class TrainerConfig:
+    steps: int = 100                       # RL steps (one batch of rollouts each)
+    prompts_per_step: int = 32             # prompts per step; each gets group_size responses
+    eval_every: int = 10                   # steps between held-out evaluations (also at start and end)
+    save_every: int = 20                   # steps between checkpoints (also at the end)
+    keep_checkpoints: int = 2
+    exit_after_step: Optional[int] = None  # stop this invocation early (the schedule keeps `steps`); resume later
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-4
+    warmup_steps: int = 5
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    max_grad_norm: float = 1.0
+
+
+@dataclass
+class RunConfig:
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    seed: int = 0
+    resume: Optional[str] = None           # a run directory to continue from its last checkpoint
+
+
+GROUPS = {"algo": AlgoConfig, "model": ModelConfig, "data": DataConfig, "reward": RewardConfig,
+          "rollout": RolloutConfig, "hardware": HardwareConfig, "logger": LoggerConfig}
+
+
+def register_schemas() -> None:
+    store = ConfigStore.instance()
+    store.store(name="rlft_schema", node=RunConfig)
+
+
+def keys_at(dotted: str) -> list[str] | None:
+    """The keys allowed under a dotted path of the run config ('' = top level), or None if not a section."""
+    node = RunConfig
+    for part in filter(None, dotted.split(".")):
+        hint = get_type_hints(node).get(part)
+        hint = next((a for a in getattr(hint, "__args__", ()) if a is not type(None)), hint)  # Optional[X]
+        if not is_dataclass(hint):
+            return None
+        node = hint
+    return [f.name for f in fields(node)]
+
+
+def validate(cfg: RunConfig) -> None:
+    """Checks the types cannot express; raises ConfigError naming the key and what is allowed."""
+    a, r, t = cfg.algo, cfg.rollout, cfg.trainer
+    _choice("algo.scale_rewards", a.scale_rewards, SCALE_REWARDS)
+    _choice("algo.ratio_level", a.ratio_level, RATIO_LEVELS)
+    _choice("algo.loss_agg", a.loss_agg, LOSS_AGGS)
+    _choice("algo.kl_estimator", a.kl_estimator, KL_ESTIMATORS)
+    _choice("model.dtype", cfg.model.dtype, DTYPES)
+    _choice("rollout.engine", r.engine, ENGINES)
+    _choice("hardware.device", cfg.hardware.device, DEVICES)
+    if a.eps_high_schedule is not None:
+        _choice("algo.eps_high_schedule.kind", a.eps_high_schedule.kind, ("linear", "cosine"))
+    _at_least("algo.group_size", a.group_size, 2)
+    _at_least("algo.ppo_epochs", a.ppo_epochs, 1)
+    _at_least("algo.max_sampling_rounds", a.max_sampling_rounds, 1)
+    if a.micro_batch_size is not None:
+        _at_least("algo.micro_batch_size", a.micro_batch_size, 1)
+    _at_least("rollout.max_new_tokens", r.max_new_tokens, 1)
+    _at_least("trainer.steps", t.steps, 1)
+    _at_least("trainer.prompts_per_step", t.prompts_per_step, 1)
+    _at_least("trainer.eval_every", t.eval_every, 1)
+    _at_least("trainer.save_every", t.save_every, 1)
+    _at_least("trainer.keep_checkpoints", t.keep_checkpoints, 1)
+    if not 0 <= a.eps_low < 1 or a.eps_high < 0:
+        raise ConfigError(f"algo.eps_low must be in [0, 1) and algo.eps_high >= 0 (got {a.eps_low}, {a.eps_high})")
+    if a.clip_ratio_c is not None and a.clip_ratio_c <= 1:
+        raise ConfigError(f"algo.clip_ratio_c must be > 1 or null (got {a.clip_ratio_c})")
+    if a.tis_cap is not None and a.tis_cap <= 0:
+        raise ConfigError(f"algo.tis_cap must be > 0 or null (got {a.tis_cap})")
+    if a.kl_coef < 0:
+        raise ConfigError(f"algo.kl_coef must be >= 0 (got {a.kl_coef})")
+    if r.temperature <= 0:
+        raise ConfigError(f"rollout.temperature must be > 0 for training (got {r.temperature})")
+    if not 0 < r.top_p <= 1:
+        raise ConfigError(f"rollout.top_p must be in (0, 1] (got {r.top_p})")
+    if cfg.optim.lr <= 0 or len(cfg.optim.betas) != 2:
+        raise ConfigError("optim.lr must be > 0 and optim.betas a list of two floats")
+    if t.exit_after_step is not None and not 1 <= t.exit_after_step <= t.steps:
+        raise ConfigError(f"trainer.exit_after_step must be in [1, trainer.steps] (got {t.exit_after_step})")
+    for key, on in (("algo.dynamic_sampling", a.dynamic_sampling), ("algo.overlong.enabled", a.overlong.enabled),
+                    ("algo.routing_replay", a.routing_replay)):
+        if on:
+            raise ConfigError(f"{key}: not available yet in this version of rlft")
+    if cfg.data.name == "jsonl" and not cfg.data.path:
+        raise ConfigError("data.path is required with data=jsonl")
+
+
+def _choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}='{value}' is not one of: {', '.join(allowed)}")
+
+
+def _at_least(key: str, value: int, low: int) -> None:
+    if value < low:
+        raise ConfigError(f"{key} must be >= {low} (got {value})")

@@ -1,0 +1,111 @@
+"""The PyTorch learner: policy weights, AdamW, and the update on one batch of trajectories."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from rlft.algos.losses import policy_loss
+from rlft.learner.logprobs import response_logprobs
+
+
+@dataclass
+class TrainBatch:
+    """What the learner trains on; N = prompts x group size, rows of one group adjacent."""
+
+    prompt_ids: torch.Tensor       # [N, P] left-padded
+    prompt_mask: torch.Tensor      # [N, P]
+    response_ids: torch.Tensor     # [N, R] right-padded
+    response_mask: torch.Tensor    # [N, R] 1 on generated tokens
+    loss_mask: torch.Tensor        # [N, R] response_mask less any responses filtered out of the loss
+    advantages: torch.Tensor       # [N]
+    rollout_logprobs: torch.Tensor  # [N, R] the engine's log-probs of the sampled tokens
+    ref_logprobs: torch.Tensor | None  # [N, R] under the frozen reference, when kl_coef > 0
+
+    @property
+    def size(self) -> int:
+        return self.response_ids.shape[0]
+
+
+class Learner:
+    def __init__(self, model: PreTrainedModel, lr: float, weight_decay: float, betas: tuple[float, float],
+                 eps: float, max_grad_norm: float):
+        self.model = model
+        for module in model.modules():  # RL ratios assume the same function in every pass
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+        self.model.train()
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=weight_decay, betas=betas, eps=eps)
+        self.max_grad_norm = max_grad_norm
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def update(self, batch: TrainBatch, *, ppo_epochs: int, micro_batch_size: int, temperature: float,
+               max_response_len: int, loss_settings: dict[str, Any]) -> dict[str, float]:
+        """`ppo_epochs` optimizer steps, each accumulating gradients over all micro-batches.
+
+        The old-policy log-probs are those of the first epoch's forward passes: no optimizer step has
+        happened yet when they are computed, so they equal a separate old-policy pass and cost nothing.
+        """
+        num_tokens = int(batch.loss_mask.sum())
+        num_sequences = int((batch.loss_mask.sum(-1) > 0).sum())
+        old_logp = torch.zeros_like(batch.rollout_logprobs)
+        totals = _StepMetrics()
+        grad_norms = []
+        for epoch in range(ppo_epochs):
+            for start in range(0, batch.size, micro_batch_size):
+                rows = slice(start, start + micro_batch_size)
+                logp = response_logprobs(self.model, batch.prompt_ids[rows], batch.prompt_mask[rows],
+                                         batch.response_ids[rows], batch.response_mask[rows], temperature)
+                if epoch == 0:
+                    old_logp[rows] = logp.detach()
+                loss, metrics = policy_loss(
+                    logp, old_logp[rows], batch.advantages[rows], batch.loss_mask[rows],
+                    num_sequences=num_sequences, num_tokens=num_tokens, max_response_len=max_response_len,
+                    ref_logp=None if batch.ref_logprobs is None else batch.ref_logprobs[rows],
+                    rollout_logp=batch.rollout_logprobs[rows], **loss_settings)
+                loss.backward()
+                totals.add(metrics | {"loss": loss.item()}, tokens=float(batch.loss_mask[rows].sum()))
+            grad_norms.append(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm).item())
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        out = totals.result(ppo_epochs)
+        out["grad_norm"] = sum(grad_norms) / len(grad_norms)
+        mask = batch.response_mask.bool()
+        diff = (old_logp - batch.rollout_logprobs).abs()[mask]
+        out["logprob_diff_mean"] = diff.mean().item() if diff.numel() else 0.0
+        out["logprob_diff_max"] = diff.max().item() if diff.numel() else 0.0
+        return out
+
+
+class _StepMetrics:
+    """Combines micro-batch metrics: losses add up (each is already a share of the step's loss),
+    extremes take min/max, everything else is a token-weighted mean."""
+
+    SUMMED = ("loss", "pg_loss")
+
+    def __init__(self):
+        self.sums: dict[str, float] = {}
+        self.extremes: dict[str, float] = {}
+        self.tokens = 0.0
+
+    def add(self, metrics: dict[str, float], tokens: float) -> None:
+        self.tokens += tokens
+        for key, value in metrics.items():
+            if key.endswith("_min"):
+                self.extremes[key] = min(self.extremes.get(key, value), value)
+            elif key.endswith("_max"):
+                self.extremes[key] = max(self.extremes.get(key, value), value)
+            else:
+                weight = 1.0 if key in self.SUMMED else tokens
+                self.sums[key] = self.sums.get(key, 0.0) + value * weight
+
+    def result(self, epochs: int) -> dict[str, float]:
+        out = {k: v / epochs if k in self.SUMMED else v / max(self.tokens, 1.0) for k, v in self.sums.items()}
+        return out | self.extremes

@@ -1,0 +1,1 @@
+"""Built-in models (one folder each) and the code that loads any model."""

@@ -1,0 +1,64 @@
+"""Load a policy and its tokenizer from a built-in name, a local Hugging Face folder, or a hub id.
+
+Built-in models ship inside the package (`builtin:tiny-adder`), so the default run needs no download;
+every other path goes through the same `from_pretrained` calls.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from rlft.errors import ConfigError
+
+BUILTIN_DIR = Path(__file__).parent
+BUILTIN_PREFIX = "builtin:"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def builtin_models() -> list[str]:
+    return sorted(p.name.replace("_", "-") for p in BUILTIN_DIR.iterdir() if (p / "config.json").exists())
+
+
+def resolve_model_path(path: str) -> str:
+    """A loadable path or hub id; raises ConfigError naming the problem for a missing local model."""
+    if path.startswith(BUILTIN_PREFIX):
+        name = path[len(BUILTIN_PREFIX):]
+        folder = BUILTIN_DIR / name.replace("-", "_")
+        if not (folder / "config.json").exists():
+            raise ConfigError(f"model.path '{path}': no such built-in model "
+                              f"(available: {', '.join(BUILTIN_PREFIX + m for m in builtin_models())})")
+        return str(folder)
+    expanded = os.path.expanduser(path)
+    if os.path.exists(expanded):
+        if not os.path.isfile(os.path.join(expanded, "config.json")):
+            raise ConfigError(f"model.path '{path}' has no config.json: not a Hugging Face model folder")
+        return expanded
+    if path.startswith(("/", ".", "~")) or path.count("/") > 1:
+        raise ConfigError(f"model.path '{path}' does not exist")
+    return path  # a hub id such as 'org/name'
+
+
+def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except OSError as err:
+        raise ConfigError(f"model.path '{path}': cannot load a tokenizer ({_first_line(err)})") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_causal_lm(path: str, dtype: str, device: str) -> PreTrainedModel:
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+    except OSError as err:
+        raise ConfigError(f"model.path '{path}': cannot load a causal LM ({_first_line(err)})") from None
+    return model.to(device)
+
+
+def _first_line(err: Exception) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

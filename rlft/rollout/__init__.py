@@ -1,0 +1,21 @@
+"""Rollout engines behind one interface (rlft.rollout.base.RolloutEngine), chosen by `rollout.engine`."""
+
+from __future__ import annotations
+
+from rlft.models.loading import load_causal_lm
+from rlft.rollout.base import RolloutEngine
+
+
+def build_engine(cfg, model_path: str, dtype: str, device: str, tokenizer, seed: int) -> RolloutEngine:
+    """An engine with its own copy of the weights at `model_path`."""
+    eos = getattr(tokenizer, "eos_token_id", None)
+    eos_ids = sorted({eos} if eos is not None else set())
+    if cfg.engine == "hf":
+        from rlft.rollout.hf_engine import HFEngine
+        model = load_causal_lm(model_path, dtype, device)
+        generation_eos = model.generation_config.eos_token_id
+        if generation_eos is not None:
+            eos_ids = sorted(set(eos_ids) | set([generation_eos] if isinstance(generation_eos, int) else generation_eos))
+        return HFEngine(model, pad_id=tokenizer.pad_token_id, eos_ids=eos_ids, seed=seed,
+                        max_batch_size=cfg.max_batch_size)
+    raise ValueError(f"unknown rollout engine '{cfg.engine}'")

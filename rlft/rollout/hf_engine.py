@@ -1,0 +1,120 @@
+"""Rollout engine on a Hugging Face transformers model: batched sampling with a KV cache.
+
+The engine holds its own copy of the weights, as a vLLM engine would; the learner pushes new weights
+through `update_weights` after every optimizer step. Sampling is a plain loop (not `model.generate`) so
+that it draws from the engine's own seeded generator, which a checkpoint saves and resume restores.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from rlft.rollout.base import Rollout, SamplingParams, left_pad
+
+
+class HFEngine:
+    def __init__(self, model: PreTrainedModel, pad_id: int, eos_ids: list[int], seed: int,
+                 max_batch_size: int = 1024):
+        self.model = model.eval().requires_grad_(False)
+        self.pad_id = pad_id
+        self.eos_ids = torch.tensor(eos_ids, dtype=torch.long)
+        self.max_batch_size = max_batch_size
+        self.generator = torch.Generator().manual_seed(seed)
+        self._tensors = dict(model.named_parameters()) | dict(model.named_buffers())
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollout:
+        requests = [p for p in prompts for _ in range(params.n)]
+        chunks = [self._generate(requests[i:i + self.max_batch_size], params)
+                  for i in range(0, len(requests), self.max_batch_size)]
+        return chunks[0] if len(chunks) == 1 else _concat(chunks, self.pad_id)
+
+    def _generate(self, requests: list[list[int]], params: SamplingParams) -> Rollout:
+        device = self.model.device
+        prompt_ids, prompt_mask = left_pad(requests, self.pad_id)
+        batch = len(requests)
+        mask = prompt_mask.to(device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        out = self.model(input_ids=prompt_ids.to(device), attention_mask=mask, position_ids=positions,
+                         past_key_values=cache, use_cache=True)
+        tokens, logprobs = [], []
+        finished = torch.zeros(batch, dtype=torch.bool)
+        eos_ids = self.eos_ids
+        for _ in range(params.max_new_tokens):
+            logits = out.logits[:, -1].float().cpu()                           # [B, V]
+            token, token_logprob = self._sample(logits, params)
+            token = torch.where(finished, torch.full_like(token, self.pad_id), token)
+            tokens.append(token)
+            logprobs.append(torch.where(finished, torch.zeros_like(token_logprob), token_logprob))
+            finished = finished | torch.isin(token, eos_ids)
+            if finished.all():
+                break
+            mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=device)], dim=1)
+            positions = positions[:, -1:] + 1
+            out = self.model(input_ids=token[:, None].to(device), attention_mask=mask,
+                             position_ids=positions, past_key_values=cache, use_cache=True)
+        response_ids = torch.stack(tokens, dim=1)                              # [B, R]
+        # A token is part of the response up to and including the first EOS.
+        is_eos = torch.isin(response_ids, eos_ids).long()
+        eos_before = is_eos.cumsum(1) - is_eos
+        response_mask = (eos_before == 0).long()
+        return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
+                       response_mask=response_mask, logprobs=torch.stack(logprobs, dim=1) * response_mask,
+                       truncated=~finished)
+
+    def _sample(self, logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+        if params.temperature == 0:
+            token = logits.argmax(-1)
+            return token, torch.log_softmax(logits, -1).gather(-1, token[:, None])[:, 0]
+        logp = torch.log_softmax(logits / params.temperature, -1)
+        probs = logp.exp()
+        if params.top_p < 1.0:
+            probs = _top_p_filter(probs, params.top_p)
+        token = torch.multinomial(probs, 1, generator=self.generator)[:, 0]
+        # The log-prob of the sampling policy before top-p truncation, as the learner computes it.
+        return token, logp.gather(-1, token[:, None])[:, 0]
+
+    @torch.no_grad()
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        for name, tensor in named_tensors:
+            if name not in self._tensors:
+                raise KeyError(f"engine has no weight named '{name}'")
+            self._tensors[name].copy_(tensor)
+
+    def rng_state(self) -> torch.Tensor:
+        return self.generator.get_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        self.generator.set_state(state)
+
+
+def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Zero out the tail of each row outside the smallest set whose mass reaches top_p."""
+    sorted_probs, order = probs.sort(-1, descending=True)
+    mass_before = sorted_probs.cumsum(-1) - sorted_probs
+    sorted_probs = torch.where(mass_before < top_p, sorted_probs, torch.zeros_like(sorted_probs))
+    return torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+
+
+def _concat(parts: list[Rollout], pad_id: int) -> Rollout:
+    def pad_to(t: torch.Tensor, width: int, value, left: bool) -> torch.Tensor:
+        extra = width - t.shape[1]
+        if extra == 0:
+            return t
+        fill = torch.full((t.shape[0], extra), value, dtype=t.dtype)
+        return torch.cat([fill, t] if left else [t, fill], dim=1)
+
+    p = max(r.prompt_ids.shape[1] for r in parts)
+    w = max(r.response_ids.shape[1] for r in parts)
+    return Rollout(
+        prompt_ids=torch.cat([pad_to(r.prompt_ids, p, pad_id, True) for r in parts]),
+        prompt_mask=torch.cat([pad_to(r.prompt_mask, p, 0, True) for r in parts]),
+        response_ids=torch.cat([pad_to(r.response_ids, w, pad_id, False) for r in parts]),
+        response_mask=torch.cat([pad_to(r.response_mask, w, 0, False) for r in parts]),
+        logprobs=torch.cat([pad_to(r.logprobs, w, 0.0, False) for r in parts]),
+        truncated=torch.cat([r.truncated for r in parts]),
+    )

@@ -1,0 +1,254 @@
+"""The RL loop, in the order of the algorithm (ALGORITHMS.md):
+
+    sample prompts -> generate a group of responses each -> score -> group advantages
+    -> policy update (ppo_epochs x micro-batches) -> push weights to the rollout engine
+    -> log, evaluate, checkpoint
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from rlft.algos.advantages import group_advantages
+from rlft.algos.losses import kl_penalty
+from rlft.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
+from rlft.config import RunConfig, validate
+from rlft.data import load_task
+from rlft.data.sampler import PromptSampler
+from rlft.data.types import Problem
+from rlft.learner.learner import Learner, TrainBatch
+from rlft.learner.logprobs import response_logprobs
+from rlft.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
+from rlft.monitor import Monitor, read_metrics, truncate_metrics
+from rlft.rewards import REWARDS, exact_match, score
+from rlft.rollout import build_engine
+from rlft.rollout.base import RolloutEngine, SamplingParams
+from rlft.sync import push_weights
+
+
+def train(cfg: RunConfig, run_dir: Path) -> dict:
+    # ---- Check everything the user gave before any work.
+    validate(cfg)
+    model_path = resolve_model_path(cfg.model.path)
+    train_problems, held_out = load_task(cfg.data)
+    reward_fn = REWARDS.get(cfg.reward.name)
+    resume_from = latest_checkpoint(Path(cfg.resume)) if cfg.resume else None
+
+    # ---- Build the parts.
+    torch.set_num_threads(cfg.hardware.num_threads or len(os.sched_getaffinity(0)))
+    torch.manual_seed(cfg.seed)
+    algo, rollout_cfg, trainer_cfg = cfg.algo, cfg.rollout, cfg.trainer
+    device = cfg.hardware.device
+    tokenizer = load_tokenizer(model_path)
+    learner = Learner(load_causal_lm(model_path, cfg.model.dtype, device), lr=cfg.optim.lr,
+                      weight_decay=cfg.optim.weight_decay, betas=tuple(cfg.optim.betas), eps=cfg.optim.eps,
+                      max_grad_norm=cfg.optim.max_grad_norm)
+    reference = None
+    if algo.kl_coef > 0:  # beta = 0 loads no reference model at all
+        reference = load_causal_lm(model_path, cfg.model.dtype, device).eval().requires_grad_(False)
+    engine = build_engine(rollout_cfg, model_path, cfg.model.dtype, device, tokenizer, seed=cfg.seed)
+    sampler = PromptSampler(train_problems, seed=cfg.seed)
+    sampling = SamplingParams(n=algo.group_size, temperature=rollout_cfg.temperature,
+                              top_p=rollout_cfg.top_p, max_new_tokens=rollout_cfg.max_new_tokens)
+    batch_size = trainer_cfg.prompts_per_step * algo.group_size
+    micro_batch = min(algo.micro_batch_size or batch_size, batch_size)
+    loss_settings = dict(ratio_level=algo.ratio_level, eps_low=algo.eps_low, clip_ratio_c=algo.clip_ratio_c,
+                         loss_agg=algo.loss_agg, kl_coef=0.0 if algo.kl_in_reward else algo.kl_coef,
+                         kl_estimator=algo.kl_estimator, tis_cap=algo.tis_cap)
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    start_step = 0
+    if resume_from is not None:
+        state = load_checkpoint(resume_from, learner.model, learner.optimizer)
+        sampler.position = state.sampler_position
+        engine.set_rng_state(state.rollout_rng)
+        torch.set_rng_state(state.torch_rng)
+        start_step = state.step
+        truncate_metrics(run_dir / "metrics.jsonl", start_step)
+        push_weights(learner.model, engine)
+    monitor = Monitor(run_dir, trainer_cfg.steps, start_step, cfg.logger.console, cfg.logger.jsonl)
+    monitor.print(describe_batch(cfg, len(train_problems), len(held_out), micro_batch, start_step))
+    if start_step == 0:
+        monitor.log(evaluate(engine, tokenizer, held_out, rollout_cfg.max_new_tokens, reward_fn, step=0))
+
+    last_saved, step = start_step, start_step
+    try:
+        for step in range(start_step + 1, trainer_cfg.steps + 1):
+            step_start = time.perf_counter()
+            learner.set_lr(lr_at(step, cfg.optim.lr, cfg.optim.warmup_steps))
+
+            # ---- 1. Sample a batch of prompts.
+            problems = sampler.next(trainer_cfg.prompts_per_step)
+
+            # ---- 2. Generate a group of responses per prompt.
+            t = time.perf_counter()
+            rollout = engine.generate([tokenizer.encode(p.prompt) for p in problems], sampling)
+            generate_seconds = time.perf_counter() - t
+
+            # ---- 3. Score every response.
+            t = time.perf_counter()
+            per_response = [p for p in problems for _ in range(algo.group_size)]
+            completions = tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
+            rewards = torch.tensor(score(reward_fn, cfg.reward.name, [p.prompt for p in per_response],
+                                         completions, [p.answer for p in per_response]))
+            correct = torch.tensor([exact_match(p.prompt, c, p.answer) for p, c in zip(per_response, completions)])
+            reward_seconds = time.perf_counter() - t
+
+            # ---- 4. Reference log-probs for the KL penalty (in the loss, or in the reward).
+            t = time.perf_counter()
+            ref_logp = None
+            if reference is not None:
+                with torch.no_grad():
+                    ref_logp = response_logprobs(reference, rollout.prompt_ids, rollout.prompt_mask,
+                                                 rollout.response_ids, rollout.response_mask,
+                                                 rollout_cfg.temperature).cpu()
+                if algo.kl_in_reward:
+                    kl = kl_penalty(rollout.logprobs, ref_logp, algo.kl_estimator) * rollout.response_mask
+                    rewards = rewards - algo.kl_coef * kl.sum(-1)
+            ref_seconds = time.perf_counter() - t
+
+            # ---- 5. Group-relative advantages.
+            advantages = group_advantages(rewards, algo.group_size, algo.scale_rewards)
+
+            # ---- 6. Update the policy: ppo_epochs optimizer steps over micro-batches.
+            t = time.perf_counter()
+            loss_mask = rollout.response_mask
+            if algo.mask_truncated:  # overlong filtering: cut-off responses teach nothing
+                loss_mask = loss_mask * (~rollout.truncated)[:, None]
+            batch = TrainBatch(prompt_ids=rollout.prompt_ids, prompt_mask=rollout.prompt_mask,
+                               response_ids=rollout.response_ids, response_mask=rollout.response_mask,
+                               loss_mask=loss_mask, advantages=advantages, rollout_logprobs=rollout.logprobs,
+                               ref_logprobs=ref_logp)
+            train_metrics = learner.update(
+                batch, ppo_epochs=algo.ppo_epochs, micro_batch_size=micro_batch,
+                temperature=rollout_cfg.temperature, max_response_len=rollout_cfg.max_new_tokens,
+                loss_settings=loss_settings | {"eps_high": eps_high_at(step, algo)})
+            train_seconds = time.perf_counter() - t
+
+            # ---- 7. Push the new weights to the rollout engine.
+            sync = push_weights(learner.model, engine)
+
+            # ---- 8. Log, evaluate, checkpoint.
+            lengths = rollout.response_lengths.float()
+            row = {"step": step,
+                   "train/reward_mean": rewards.mean().item(), "train/reward_std": rewards.std().item(),
+                   "train/accuracy": correct.mean().item(),
+                   "train/clip_frac": train_metrics.get("clip_frac_low", 0.0) + train_metrics.get("clip_frac_high", 0.0),
+                   **{f"train/{k}": v for k, v in train_metrics.items() if not k.startswith("logprob_diff")},
+                   "train/lr": learner.optimizer.param_groups[0]["lr"],
+                   "rollout/response_len_mean": lengths.mean().item(),
+                   "rollout/response_len_max": lengths.max().item(),
+                   "rollout/truncated_frac": rollout.truncated.float().mean().item(),
+                   "rollout/logprob_diff_mean": train_metrics["logprob_diff_mean"],
+                   "rollout/logprob_diff_max": train_metrics["logprob_diff_max"],
+                   "rollout/tokens": int(rollout.response_mask.sum()),
+                   "sync/seconds": sync.seconds, "sync/bytes": sync.bytes,
+                   "perf/generate_seconds": generate_seconds, "perf/reward_seconds": reward_seconds,
+                   "perf/ref_seconds": ref_seconds, "perf/train_seconds": train_seconds,
+                   "perf/step_seconds": time.perf_counter() - step_start,
+                   "perf/peak_rss_mb": peak_memory_mb(device)}
+            monitor.log(row)
+            if step % trainer_cfg.eval_every == 0 or step == trainer_cfg.steps:
+                monitor.log(evaluate(engine, tokenizer, held_out, rollout_cfg.max_new_tokens, reward_fn, step))
+            stopping = step == trainer_cfg.exit_after_step
+            if step % trainer_cfg.save_every == 0 or step == trainer_cfg.steps or stopping:
+                state = TrainerState(step=step, sampler_position=sampler.position,
+                                     rollout_rng=engine.rng_state(), torch_rng=torch.get_rng_state())
+                save_checkpoint(run_dir, learner.model, learner.optimizer, state, trainer_cfg.keep_checkpoints)
+                last_saved = step
+            if stopping:
+                break
+    except KeyboardInterrupt:
+        monitor.close()
+        raise SystemExit(f"\ninterrupted during step {step}; the checkpoint of step {last_saved} is intact: "
+                         f"rlft train resume={run_dir}") from None
+    monitor.close()
+
+    if step == trainer_cfg.steps:
+        learner.model.save_pretrained(run_dir / "final_model")
+        tokenizer.save_pretrained(run_dir / "final_model")
+    summary = summarize(run_dir, step)
+    monitor.print(format_summary(summary))
+    return summary
+
+
+def lr_at(step: int, lr: float, warmup_steps: int) -> float:
+    """Linear warm-up over the first `warmup_steps` steps (1-based), constant after."""
+    return lr * min(1.0, step / warmup_steps) if warmup_steps > 0 else lr
+
+
+def eps_high_at(step: int, algo) -> float:
+    """eps_high at this step: constant, or moving to schedule.end over schedule.steps (clip-higher)."""
+    schedule = algo.eps_high_schedule
+    if schedule is None:
+        return algo.eps_high
+    progress = min(1.0, step / max(1, schedule.steps))
+    if schedule.kind == "cosine":
+        progress = 0.5 * (1 - torch.cos(torch.tensor(progress * torch.pi)).item())
+    return algo.eps_high + (schedule.end - algo.eps_high) * progress
+
+
+@torch.no_grad()
+def evaluate(engine: RolloutEngine, tokenizer, problems: list[Problem], max_new_tokens: int, reward_fn,
+             step: int) -> dict:
+    """Greedy decoding on the held-out problems: exact-match accuracy and the configured reward."""
+    rollout = engine.generate([tokenizer.encode(p.prompt) for p in problems],
+                              SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens))
+    completions = tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
+    correct = [exact_match(p.prompt, c, p.answer) for p, c in zip(problems, completions)]
+    rewards = [float(reward_fn(p.prompt, c, p.answer)) for p, c in zip(problems, completions)]
+    return {"step": step, "kind": "eval", "eval/accuracy": sum(correct) / len(correct),
+            "eval/reward_mean": sum(rewards) / len(rewards), "eval/size": len(problems),
+            "eval/samples": [{"prompt": p.prompt, "completion": c, "answer": p.answer}
+                             for p, c in list(zip(problems, completions))[:4]]}
+
+
+def describe_batch(cfg: RunConfig, train_size: int, eval_size: int, micro_batch: int, start_step: int) -> str:
+    """The derived batch numbers, in rlft's one vocabulary, printed once at start."""
+    a, t = cfg.algo, cfg.trainer
+    responses = t.prompts_per_step * a.group_size
+    passes = -(-responses // micro_batch)
+    lines = [
+        f"rlft: {t.prompts_per_step} prompts/step x group_size {a.group_size} = {responses} responses/step "
+        f"(<= {responses * cfg.rollout.max_new_tokens:,} response tokens)",
+        f"      micro_batch_size {micro_batch} -> {passes} forward/backward per optimizer step; "
+        f"ppo_epochs {a.ppo_epochs} -> {a.ppo_epochs} optimizer step(s)/step, {a.ppo_epochs * t.steps} in all",
+        f"      {t.steps} steps over {train_size} training prompts "
+        f"({t.steps * t.prompts_per_step / train_size:.2f} epochs); {eval_size} held-out prompts",
+    ]
+    if start_step:
+        lines.append(f"      resuming after step {start_step} from {cfg.resume}")
+    return "\n".join(lines)
+
+
+def peak_memory_mb(device: str) -> float:
+    if device == "cuda" and torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2 ** 20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def summarize(run_dir: Path, last_step: int) -> dict:
+    evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("kind") == "eval"] \
+        if (run_dir / "metrics.jsonl").is_file() else []
+    summary = {"run_dir": str(run_dir), "last_step": last_step}
+    if evals:
+        summary |= {"accuracy_before": evals[0]["eval/accuracy"], "accuracy_after": evals[-1]["eval/accuracy"],
+                    "eval_step_after": evals[-1]["step"]}
+    return summary
+
+
+def format_summary(summary: dict) -> str:
+    lines = []
+    if "accuracy_before" in summary:
+        gain = 100 * (summary["accuracy_after"] - summary["accuracy_before"])
+        lines.append(f"held-out accuracy: {summary['accuracy_before']:.3f} (step 0) -> "
+                     f"{summary['accuracy_after']:.3f} (step {summary['eval_step_after']}), {gain:+.1f} points")
+    lines.append(f"run directory: {summary['run_dir']}")
+    return "\n".join(lines)

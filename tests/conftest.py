@@ -1,0 +1,30 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# A run small enough for a test: 8 prompts x 4 responses, 50 held-out problems.
+TINY_RUN = ["trainer.prompts_per_step=8", "algo.group_size=4", "data.eval_size=50", "logger.console=false"]
+
+
+def run_rlft(*args: str, cwd: Path | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    env = os.environ | {"TRANSFORMERS_VERBOSITY": "error", "TQDM_DISABLE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "rlft.cli", *args], cwd=cwd or ROOT, env=env,
+                          capture_output=True, text=True, timeout=1800)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"rlft {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture
+def rlft():
+    return run_rlft

@@ -1,0 +1,86 @@
+import pytest
+import torch
+
+from rlft.learner.logprobs import response_logprobs
+from rlft.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
+from rlft.rollout.base import SamplingParams
+from rlft.rollout.hf_engine import HFEngine, _top_p_filter
+from rlft.sync import push_weights
+
+PROMPTS = ["57+65=", "12+34=", "9+99=", "40+41="]
+
+
+@pytest.fixture(scope="module")
+def parts():
+    path = resolve_model_path("builtin:tiny-adder")
+    tokenizer = load_tokenizer(path)
+    return path, tokenizer, [tokenizer.encode(p) for p in PROMPTS]
+
+
+def make_engine(path, tokenizer, seed=0):
+    return HFEngine(load_causal_lm(path, "float32", "cpu"), tokenizer.pad_token_id, [tokenizer.eos_token_id], seed)
+
+
+def test_greedy_matches_transformers_generate(parts):
+    path, tokenizer, prompts = parts
+    engine = make_engine(path, tokenizer)
+    rollout = engine.generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=8))
+    ours = tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
+    model = load_causal_lm(path, "float32", "cpu")
+    for prompt, text in zip(prompts, ours):
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False,
+                             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        assert tokenizer.decode(out[0, len(prompt):], skip_special_tokens=True) == text
+
+
+def test_sampled_logprobs_equal_learner_logprobs_and_masks_stop_at_eos(parts):
+    path, tokenizer, prompts = parts
+    engine = make_engine(path, tokenizer)
+    rollout = engine.generate(prompts, SamplingParams(n=8, temperature=1.0, max_new_tokens=6))
+    assert rollout.response_ids.shape[0] == 32
+    learner_logp = response_logprobs(load_causal_lm(path, "float32", "cpu"), rollout.prompt_ids,
+                                     rollout.prompt_mask, rollout.response_ids, rollout.response_mask)
+    assert (learner_logp - rollout.logprobs).abs().max() < 1e-4
+    for row in range(32):
+        length = int(rollout.response_lengths[row])
+        ids = rollout.response_ids[row].tolist()
+        if rollout.truncated[row]:
+            assert length == 6 and tokenizer.eos_token_id not in ids
+        else:
+            assert ids[length - 1] == tokenizer.eos_token_id and tokenizer.eos_token_id not in ids[:length - 1]
+
+
+def test_same_seed_same_samples_and_rng_state_round_trip(parts):
+    path, tokenizer, prompts = parts
+    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=6)
+    a, b = make_engine(path, tokenizer, seed=5), make_engine(path, tokenizer, seed=5)
+    assert torch.equal(a.generate(prompts, params).response_ids, b.generate(prompts, params).response_ids)
+    state = a.rng_state()
+    first = a.generate(prompts, params).response_ids
+    a.set_rng_state(state)
+    assert torch.equal(a.generate(prompts, params).response_ids, first)
+
+
+def test_update_weights_changes_what_the_engine_generates(parts):
+    path, tokenizer, prompts = parts
+    engine = make_engine(path, tokenizer)
+    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=6)
+    before = engine.generate(prompts, greedy)
+    learner = load_causal_lm(path, "float32", "cpu")
+    with torch.no_grad():
+        for p in learner.parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+    stats = push_weights(learner, engine)
+    after = engine.generate(prompts, greedy)
+    expected = response_logprobs(learner, after.prompt_ids, after.prompt_mask, after.response_ids, after.response_mask)
+    assert (expected - after.logprobs).abs().max() < 1e-4   # the engine now runs the learner's weights
+    assert not torch.equal(before.logprobs, after.logprobs)
+    assert stats.bytes == sum(p.numel() * 4 for p in learner.parameters())
+    with pytest.raises(KeyError, match="no weight named"):
+        engine.update_weights([("not.a.weight", torch.zeros(1))])
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    assert torch.allclose(_top_p_filter(probs, 0.7), torch.tensor([[0.5, 0.3, 0.0, 0.0]]))
+    assert torch.allclose(_top_p_filter(probs, 0.5), torch.tensor([[0.5, 0.0, 0.0, 0.0]]))
