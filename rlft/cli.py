@@ -47,7 +47,7 @@ def train_command(overrides: list[str]) -> int:
     from omegaconf import DictConfig, OmegaConf
 
     from rlft.config import RunConfig, register_schemas
-    from rlft.errors import ConfigError
+    from rlft.errors import UserError
 
     register_schemas()
     quiet_transformers()
@@ -65,15 +65,15 @@ def train_command(overrides: list[str]) -> int:
                 dcfg = _resumed_config(dcfg, HydraConfig.get().overrides.task)
             cfg: RunConfig = OmegaConf.to_object(dcfg)
             summary = train(cfg, Path(HydraConfig.get().runtime.output_dir))
-        except ConfigError as err:
-            raise _ConfigFailure(str(err)) from None  # a BaseException: Hydra lets it through unprinted
+        except UserError as err:
+            raise _UserFailure(str(err)) from None  # a BaseException: Hydra lets it through unprinted
         return summary.get("accuracy_after")
 
     os.environ["HYDRA_FULL_ERROR"] = "1"  # errors reach us, and we print them as one line
     sys.argv = ["rlft train", *overrides]
     try:
         hydra_app()
-    except _ConfigFailure as failure:
+    except _UserFailure as failure:
         return _fail(str(failure))
     except Exception as err:  # only Hydra/OmegaConf config errors are reworded; anything else is a bug
         message = describe_config_error(err)
@@ -83,8 +83,8 @@ def train_command(overrides: list[str]) -> int:
     return 0
 
 
-class _ConfigFailure(BaseException):
-    """A ConfigError raised inside the Hydra job, carried out past Hydra's own error report."""
+class _UserFailure(BaseException):
+    """A UserError raised inside the Hydra job, carried out past Hydra's own error report."""
 
 
 def _resumed_config(dcfg, task_overrides):
@@ -128,14 +128,14 @@ def describe_config_error(err: BaseException) -> str | None:
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
     from rlft.config import keys_at
-    from rlft.errors import ConfigError
+    from rlft.errors import UserError
 
     chain = []
     while err is not None and err not in chain:
         chain.append(err)
         err = err.__cause__ or err.__context__
     for e in chain:
-        if isinstance(e, ConfigError):
+        if isinstance(e, UserError):
             return str(e)
     for e in chain:
         if isinstance(e, MissingConfigException):

@@ -1,2 +1,10 @@
-class ConfigError(Exception):
-    """A problem with the user's config or inputs, reported as one line before any work starts."""
+class UserError(Exception):
+    """A problem with what the user gave (config, files, reward functions), reported as one line."""
+
+
+class ConfigError(UserError):
+    """A config or input problem found at start-up, before any work."""
+
+
+class RewardError(UserError):
+    """A reward function raised; the message names the function and the sample."""

@@ -22,6 +22,7 @@ from rlft.config import RunConfig, validate
 from rlft.data import load_task
 from rlft.data.sampler import PromptSampler
 from rlft.data.types import Problem
+from rlft.errors import RewardError
 from rlft.learner.learner import Learner, TrainBatch
 from rlft.learner.logprobs import response_logprobs
 from rlft.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
@@ -167,8 +168,10 @@ def train(cfg: RunConfig, run_dir: Path) -> dict:
                 break
     except KeyboardInterrupt:
         monitor.close()
-        raise SystemExit(f"\ninterrupted during step {step}; the checkpoint of step {last_saved} is intact: "
-                         f"rlft train resume={run_dir}") from None
+        raise SystemExit(f"\ninterrupted during step {step}; {_resume_hint(run_dir, last_saved)}") from None
+    except RewardError as err:
+        monitor.close()
+        raise RewardError(f"{err} [step {step}; {_resume_hint(run_dir, last_saved)}]") from err
     monitor.close()
 
     if step == trainer_cfg.steps:
@@ -177,6 +180,12 @@ def train(cfg: RunConfig, run_dir: Path) -> dict:
     summary = summarize(run_dir, step)
     monitor.print(format_summary(summary))
     return summary
+
+
+def _resume_hint(run_dir: Path, last_saved: int) -> str:
+    if last_saved == 0:
+        return "no checkpoint was written yet"
+    return f"the checkpoint of step {last_saved} is intact: rlft train resume={run_dir}"
 
 
 def lr_at(step: int, lr: float, warmup_steps: int) -> float:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from rlft.errors import RewardError
 from rlft.registry import Registry
 
 RewardFn = Callable[[str, str, str], float]
@@ -22,7 +23,7 @@ def score(fn: RewardFn, name: str, prompts: list[str], completions: list[str], a
         try:
             value = float(fn(prompt, completion, answer))
         except Exception as err:
-            raise RuntimeError(f"reward '{name}' raised on sample {index} (prompt {prompt!r}, "
+            raise RewardError(f"reward '{name}' raised on sample {index} (prompt {prompt!r}, "
                                f"completion {completion!r}): {type(err).__name__}: {err}") from err
         rewards.append(value)
     return rewards
