@@ -205,10 +205,11 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("optim.lr must be > 0 and optim.betas a list of two floats")
     if t.exit_after_step is not None and not 1 <= t.exit_after_step <= t.steps:
         raise ConfigError(f"trainer.exit_after_step must be in [1, trainer.steps] (got {t.exit_after_step})")
-    for key, on in (("algo.dynamic_sampling", a.dynamic_sampling), ("algo.overlong.enabled", a.overlong.enabled),
-                    ("algo.routing_replay", a.routing_replay)):
-        if on:
-            raise ConfigError(f"{key}: not available yet in this version of rlft")
+    if a.routing_replay:
+        raise ConfigError("algo.routing_replay: needs a mixture-of-experts policy, not available yet in this version")
+    if a.overlong.enabled and a.overlong.buffer is not None and not 1 <= a.overlong.buffer <= r.max_new_tokens:
+        raise ConfigError(f"algo.overlong.buffer must be in [1, rollout.max_new_tokens={r.max_new_tokens}] "
+                          f"or null (got {a.overlong.buffer})")
     if cfg.data.name == "jsonl" and not cfg.data.path:
         raise ConfigError("data.path is required with data=jsonl")
 

@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 
 from rlft.algos.advantages import group_advantages
 from rlft.algos.losses import kl_penalty
+from rlft.collect import Overlong, collect_groups
 from rlft.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
 from rlft.config import RunConfig, validate
 from rlft.data import load_task
@@ -59,9 +60,16 @@ def train(cfg: RunConfig, run_dir: Path) -> dict:
                               top_p=rollout_cfg.top_p, max_new_tokens=rollout_cfg.max_new_tokens)
     batch_size = trainer_cfg.prompts_per_step * algo.group_size
     micro_batch = min(algo.micro_batch_size or batch_size, batch_size)
-    loss_settings = dict(ratio_level=algo.ratio_level, eps_low=algo.eps_low, clip_ratio_c=algo.clip_ratio_c,
-                         loss_agg=algo.loss_agg, kl_coef=0.0 if algo.kl_in_reward else algo.kl_coef,
-                         kl_estimator=algo.kl_estimator, tis_cap=algo.tis_cap)
+    overlong = None
+    if algo.overlong.enabled:
+        overlong = Overlong(max_len=rollout_cfg.max_new_tokens, penalty=algo.overlong.penalty,
+                            buffer=algo.overlong.buffer or max(1, rollout_cfg.max_new_tokens // 4))
+
+    def score_fn(prompts: list[str], completions: list[str], answers: list[str]) -> list[float]:
+        return score(reward_fn, cfg.reward.name, prompts, completions, answers)
+
+    def decode(ids: torch.Tensor) -> list[str]:
+        return tokenizer.batch_decode(ids, skip_special_tokens=True)
 
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
@@ -79,28 +87,42 @@ def train(cfg: RunConfig, run_dir: Path) -> dict:
     if start_step == 0:
         monitor.log(evaluate(engine, tokenizer, held_out, rollout_cfg.max_new_tokens, reward_fn, step=0))
 
-    last_saved, step = start_step, start_step
+    saved = [start_step]  # steps checkpointed by this invocation, newest last
+
+    def evaluate_and_checkpoint(step: int) -> bool:
+        """The end of every step: held-out eval and checkpoint when due. True when this invocation stops."""
+        if step % trainer_cfg.eval_every == 0 or step == trainer_cfg.steps:
+            monitor.log(evaluate(engine, tokenizer, held_out, rollout_cfg.max_new_tokens, reward_fn, step))
+        stopping = step == trainer_cfg.exit_after_step
+        if step % trainer_cfg.save_every == 0 or step == trainer_cfg.steps or stopping:
+            state = TrainerState(step=step, sampler_position=sampler.position,
+                                 rollout_rng=engine.rng_state(), torch_rng=torch.get_rng_state())
+            save_checkpoint(run_dir, learner.model, learner.optimizer, state, trainer_cfg.keep_checkpoints)
+            saved.append(step)
+        return stopping
+
+    step = start_step
     try:
         for step in range(start_step + 1, trainer_cfg.steps + 1):
             step_start = time.perf_counter()
             learner.set_lr(lr_at(step, cfg.optim.lr, cfg.optim.warmup_steps))
 
-            # ---- 1. Sample a batch of prompts.
-            problems = sampler.next(trainer_cfg.prompts_per_step)
-
-            # ---- 2. Generate a group of responses per prompt.
-            t = time.perf_counter()
-            rollout = engine.generate([tokenizer.encode(p.prompt) for p in problems], sampling)
-            generate_seconds = time.perf_counter() - t
-
-            # ---- 3. Score every response.
-            t = time.perf_counter()
-            per_response = [p for p in problems for _ in range(algo.group_size)]
-            completions = tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
-            rewards = torch.tensor(score(reward_fn, cfg.reward.name, [p.prompt for p in per_response],
-                                         completions, [p.answer for p in per_response]))
-            correct = torch.tensor([exact_match(p.prompt, c, p.answer) for p, c in zip(per_response, completions)])
-            reward_seconds = time.perf_counter() - t
+            # ---- 1-3. Sample prompts, generate a group of responses each, score them
+            #           (with dynamic sampling: only groups with mixed rewards, sampling again to fill).
+            scored = collect_groups(
+                sampler, engine, tokenizer.encode, decode, score_fn, sampling, tokenizer.pad_token_id,
+                prompts_per_step=trainer_cfg.prompts_per_step, dynamic_sampling=algo.dynamic_sampling,
+                max_sampling_rounds=algo.max_sampling_rounds, overlong=overlong)
+            rollout, rewards = scored.rollout, scored.rewards
+            row = {"step": step, "rollout/sampling_rounds": scored.rounds,
+                   "rollout/dropped_groups": scored.dropped_groups, "rollout/groups": scored.num_groups,
+                   "perf/generate_seconds": scored.seconds["generate"],
+                   "perf/reward_seconds": scored.seconds["reward"]}
+            if scored.num_groups == 0:  # every group was all-equal: nothing to learn from this step
+                monitor.log(row | {"perf/step_seconds": time.perf_counter() - step_start})
+                if evaluate_and_checkpoint(step):
+                    break
+                continue
 
             # ---- 4. Reference log-probs for the KL penalty (in the loss, or in the reward).
             t = time.perf_counter()
@@ -130,7 +152,7 @@ def train(cfg: RunConfig, run_dir: Path) -> dict:
             train_metrics = learner.update(
                 batch, ppo_epochs=algo.ppo_epochs, micro_batch_size=micro_batch,
                 temperature=rollout_cfg.temperature, max_response_len=rollout_cfg.max_new_tokens,
-                loss_settings=loss_settings | {"eps_high": eps_high_at(step, algo)})
+                loss_settings=loss_settings(algo, step))
             train_seconds = time.perf_counter() - t
 
             # ---- 7. Push the new weights to the rollout engine.
@@ -138,9 +160,8 @@ def train(cfg: RunConfig, run_dir: Path) -> dict:
 
             # ---- 8. Log, evaluate, checkpoint.
             lengths = rollout.response_lengths.float()
-            row = {"step": step,
-                   "train/reward_mean": rewards.mean().item(), "train/reward_std": rewards.std().item(),
-                   "train/accuracy": correct.mean().item(),
+            row |= {"train/reward_mean": rewards.mean().item(), "train/reward_std": rewards.std().item(),
+                   "train/accuracy": scored.correct.mean().item(),
                    "train/clip_frac": train_metrics.get("clip_frac_low", 0.0) + train_metrics.get("clip_frac_high", 0.0),
                    **{f"train/{k}": v for k, v in train_metrics.items() if not k.startswith("logprob_diff")},
                    "train/lr": learner.optimizer.param_groups[0]["lr"],
@@ -151,27 +172,18 @@ def train(cfg: RunConfig, run_dir: Path) -> dict:
                    "rollout/logprob_diff_max": train_metrics["logprob_diff_max"],
                    "rollout/tokens": int(rollout.response_mask.sum()),
                    "sync/seconds": sync.seconds, "sync/bytes": sync.bytes,
-                   "perf/generate_seconds": generate_seconds, "perf/reward_seconds": reward_seconds,
                    "perf/ref_seconds": ref_seconds, "perf/train_seconds": train_seconds,
                    "perf/step_seconds": time.perf_counter() - step_start,
                    "perf/peak_rss_mb": peak_memory_mb(device)}
             monitor.log(row)
-            if step % trainer_cfg.eval_every == 0 or step == trainer_cfg.steps:
-                monitor.log(evaluate(engine, tokenizer, held_out, rollout_cfg.max_new_tokens, reward_fn, step))
-            stopping = step == trainer_cfg.exit_after_step
-            if step % trainer_cfg.save_every == 0 or step == trainer_cfg.steps or stopping:
-                state = TrainerState(step=step, sampler_position=sampler.position,
-                                     rollout_rng=engine.rng_state(), torch_rng=torch.get_rng_state())
-                save_checkpoint(run_dir, learner.model, learner.optimizer, state, trainer_cfg.keep_checkpoints)
-                last_saved = step
-            if stopping:
+            if evaluate_and_checkpoint(step):
                 break
     except KeyboardInterrupt:
         monitor.close()
-        raise SystemExit(f"\ninterrupted during step {step}; {_resume_hint(run_dir, last_saved)}") from None
+        raise SystemExit(f"\ninterrupted during step {step}; {_resume_hint(run_dir, saved[-1])}") from None
     except RewardError as err:
         monitor.close()
-        raise RewardError(f"{err} [step {step}; {_resume_hint(run_dir, last_saved)}]") from err
+        raise RewardError(f"{err} [step {step}; {_resume_hint(run_dir, saved[-1])}]") from err
     monitor.close()
 
     if step == trainer_cfg.steps:
@@ -191,6 +203,14 @@ def _resume_hint(run_dir: Path, last_saved: int) -> str:
 def lr_at(step: int, lr: float, warmup_steps: int) -> float:
     """Linear warm-up over the first `warmup_steps` steps (1-based), constant after."""
     return lr * min(1.0, step / warmup_steps) if warmup_steps > 0 else lr
+
+
+def loss_settings(algo, step: int) -> dict:
+    """The keyword arguments of rlft.algos.losses.policy_loss for this step, from the algo config."""
+    return dict(ratio_level=algo.ratio_level, eps_low=algo.eps_low, eps_high=eps_high_at(step, algo),
+                clip_ratio_c=algo.clip_ratio_c, loss_agg=algo.loss_agg,
+                kl_coef=0.0 if algo.kl_in_reward else algo.kl_coef, kl_estimator=algo.kl_estimator,
+                tis_cap=algo.tis_cap)
 
 
 def eps_high_at(step: int, algo) -> float:

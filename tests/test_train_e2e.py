@@ -75,3 +75,21 @@ def test_the_default_run_learns(rlft, tmp_path):
     evals = [r for r in read_metrics(run) if r.get("kind") == "eval"]
     before, after = evals[0]["eval/accuracy"], evals[-1]["eval/accuracy"]
     assert after - before >= 0.20, (before, after)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ["dapo", "gspo"])
+def test_dapo_and_gspo_learn(rlft, tmp_path, algo):
+    run = tmp_path / algo
+    rlft("train", f"algo={algo}", f"hydra.run.dir={run}", "logger.console=false", "trainer.steps=30")
+    rows = read_metrics(run)
+    evals = [r for r in rows if r.get("kind") == "eval"]
+    assert evals[-1]["eval/accuracy"] - evals[0]["eval/accuracy"] >= 0.20, evals
+    steps = [r for r in rows if r.get("kind") != "eval"]
+    for key in ("train/entropy", "train/clip_frac_low", "train/clip_frac_high", "train/ratio_mean",
+                "train/approx_kl", "rollout/truncated_frac", "rollout/sampling_rounds", "rollout/dropped_groups"):
+        assert key in steps[0], key
+    if algo == "dapo":  # dynamic sampling at work: all-right/all-wrong groups were dropped and re-sampled
+        assert sum(r["rollout/dropped_groups"] for r in steps) > 0
+        assert max(r["rollout/sampling_rounds"] for r in steps) >= 2
+        assert "train/kl_ref" not in steps[0]  # kl_coef 0 loads no reference model

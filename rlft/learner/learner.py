@@ -57,13 +57,16 @@ class Learner:
         num_sequences = int((batch.loss_mask.sum(-1) > 0).sum())
         old_logp = torch.zeros_like(batch.rollout_logprobs)
         totals = _StepMetrics()
-        grad_norms = []
+        grad_norms, entropy_sum = [], 0.0
         for epoch in range(ppo_epochs):
             for start in range(0, batch.size, micro_batch_size):
                 rows = slice(start, start + micro_batch_size)
-                logp = response_logprobs(self.model, batch.prompt_ids[rows], batch.prompt_mask[rows],
-                                         batch.response_ids[rows], batch.response_mask[rows], temperature)
-                if epoch == 0:
+                first_epoch = epoch == 0
+                out = response_logprobs(self.model, batch.prompt_ids[rows], batch.prompt_mask[rows],
+                                        batch.response_ids[rows], batch.response_mask[rows], temperature,
+                                        with_entropy=first_epoch)
+                logp = out[0] if first_epoch else out
+                if first_epoch:
                     old_logp[rows] = logp.detach()
                 loss, metrics = policy_loss(
                     logp, old_logp[rows], batch.advantages[rows], batch.loss_mask[rows],
@@ -71,12 +74,16 @@ class Learner:
                     ref_logp=None if batch.ref_logprobs is None else batch.ref_logprobs[rows],
                     rollout_logp=batch.rollout_logprobs[rows], **loss_settings)
                 loss.backward()
+                if first_epoch:
+                    entropy_sum += float((out[1] * batch.loss_mask[rows]).sum())
                 totals.add(metrics | {"loss": loss.item()}, tokens=float(batch.loss_mask[rows].sum()))
             grad_norms.append(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm).item())
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         out = totals.result(ppo_epochs)
+        out["entropy"] = entropy_sum / max(num_tokens, 1)  # of the old policy, over the loss tokens
         out["grad_norm"] = sum(grad_norms) / len(grad_norms)
+        out["tokens"] = num_tokens
         mask = batch.response_mask.bool()
         diff = (old_logp - batch.rollout_logprobs).abs()[mask]
         out["logprob_diff_mean"] = diff.mean().item() if diff.numel() else 0.0

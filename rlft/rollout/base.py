@@ -35,6 +35,11 @@ class Rollout:
     def response_lengths(self) -> torch.Tensor:  # [N]
         return self.response_mask.sum(-1)
 
+    def select(self, rows: torch.Tensor) -> "Rollout":
+        """The rows at `rows` (indices or a bool mask), in order."""
+        return Rollout(self.prompt_ids[rows], self.prompt_mask[rows], self.response_ids[rows],
+                       self.response_mask[rows], self.logprobs[rows], self.truncated[rows])
+
 
 class RolloutEngine(Protocol):
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollout: ...
@@ -56,3 +61,24 @@ def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, tor
             ids[row, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
             mask[row, width - len(seq):] = 1
     return ids, mask
+
+
+def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
+    """Stack rollouts row-wise, re-padding prompts on the left and responses on the right."""
+    if len(parts) == 1:
+        return parts[0]
+
+    def pad_to(t: torch.Tensor, width: int, value, left: bool) -> torch.Tensor:
+        fill = torch.full((t.shape[0], width - t.shape[1]), value, dtype=t.dtype)
+        return torch.cat([fill, t] if left else [t, fill], dim=1)
+
+    p = max(r.prompt_ids.shape[1] for r in parts)
+    w = max(r.response_ids.shape[1] for r in parts)
+    return Rollout(
+        prompt_ids=torch.cat([pad_to(r.prompt_ids, p, pad_id, True) for r in parts]),
+        prompt_mask=torch.cat([pad_to(r.prompt_mask, p, 0, True) for r in parts]),
+        response_ids=torch.cat([pad_to(r.response_ids, w, pad_id, False) for r in parts]),
+        response_mask=torch.cat([pad_to(r.response_mask, w, 0, False) for r in parts]),
+        logprobs=torch.cat([pad_to(r.logprobs, w, 0.0, False) for r in parts]),
+        truncated=torch.cat([r.truncated for r in parts]),
+    )

@@ -12,7 +12,7 @@ from typing import Iterable
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from rlft.rollout.base import Rollout, SamplingParams, left_pad
+from rlft.rollout.base import Rollout, SamplingParams, concat_rollouts, left_pad
 
 
 class HFEngine:
@@ -30,7 +30,7 @@ class HFEngine:
         requests = [p for p in prompts for _ in range(params.n)]
         chunks = [self._generate(requests[i:i + self.max_batch_size], params)
                   for i in range(0, len(requests), self.max_batch_size)]
-        return chunks[0] if len(chunks) == 1 else _concat(chunks, self.pad_id)
+        return chunks[0] if len(chunks) == 1 else concat_rollouts(chunks, self.pad_id)
 
     def _generate(self, requests: list[list[int]], params: SamplingParams) -> Rollout:
         device = self.model.device
@@ -98,23 +98,3 @@ def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     mass_before = sorted_probs.cumsum(-1) - sorted_probs
     sorted_probs = torch.where(mass_before < top_p, sorted_probs, torch.zeros_like(sorted_probs))
     return torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-
-
-def _concat(parts: list[Rollout], pad_id: int) -> Rollout:
-    def pad_to(t: torch.Tensor, width: int, value, left: bool) -> torch.Tensor:
-        extra = width - t.shape[1]
-        if extra == 0:
-            return t
-        fill = torch.full((t.shape[0], extra), value, dtype=t.dtype)
-        return torch.cat([fill, t] if left else [t, fill], dim=1)
-
-    p = max(r.prompt_ids.shape[1] for r in parts)
-    w = max(r.response_ids.shape[1] for r in parts)
-    return Rollout(
-        prompt_ids=torch.cat([pad_to(r.prompt_ids, p, pad_id, True) for r in parts]),
-        prompt_mask=torch.cat([pad_to(r.prompt_mask, p, 0, True) for r in parts]),
-        response_ids=torch.cat([pad_to(r.response_ids, w, pad_id, False) for r in parts]),
-        response_mask=torch.cat([pad_to(r.response_mask, w, 0, False) for r in parts]),
-        logprobs=torch.cat([pad_to(r.logprobs, w, 0.0, False) for r in parts]),
-        truncated=torch.cat([r.truncated for r in parts]),
-    )

@@ -1,0 +1,93 @@
+"""Phases 1-3 of the loop: sample prompts, generate a group of responses each, score them.
+
+With DAPO's dynamic sampling, groups whose task rewards are all equal (all right or all wrong: no
+gradient) are dropped and more prompts are sampled, until the batch holds `prompts_per_step` groups or
+`max_sampling_rounds` rounds have run; the batch then holds what was kept.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from rlft.algos.shaping import mixed_groups, overlong_penalty
+from rlft.data.sampler import PromptSampler
+from rlft.data.types import Problem
+from rlft.rewards import exact_match
+from rlft.rollout.base import Rollout, RolloutEngine, SamplingParams, concat_rollouts
+
+# (prompts, completions, answers) -> one reward per response
+ScoreFn = Callable[[list[str], list[str], list[str]], list[float]]
+
+
+@dataclass(frozen=True)
+class Overlong:
+    max_len: int      # L_max = rollout.max_new_tokens
+    buffer: int       # L_cache
+    penalty: float
+
+
+@dataclass
+class ScoredGroups:
+    """The step's training groups; N = groups x group_size rows, the rows of one group adjacent."""
+
+    problems: list[Problem]     # one per group
+    rollout: Rollout            # [N, ...]
+    rewards: torch.Tensor       # [N] task reward plus any length shaping: what advantages are computed from
+    correct: torch.Tensor       # [N] exact match, for the accuracy metric
+    rounds: int = 1
+    dropped_groups: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.problems)
+
+
+def collect_groups(sampler: PromptSampler, engine: RolloutEngine, encode: Callable[[str], list[int]],
+                   decode: Callable[[torch.Tensor], list[str]], score: ScoreFn, sampling: SamplingParams,
+                   pad_id: int, *, prompts_per_step: int, dynamic_sampling: bool, max_sampling_rounds: int,
+                   overlong: Overlong | None) -> ScoredGroups:
+    group_size = sampling.n
+    kept: list[ScoredGroups] = []
+    kept_groups, dropped, rounds = 0, 0, 0
+    seconds = {"generate": 0.0, "reward": 0.0}
+    for rounds in range(1, (max_sampling_rounds if dynamic_sampling else 1) + 1):
+        problems = sampler.next(prompts_per_step)
+        t = time.perf_counter()
+        rollout = engine.generate([encode(p.prompt) for p in problems], sampling)
+        seconds["generate"] += time.perf_counter() - t
+
+        t = time.perf_counter()
+        per_response = [p for p in problems for _ in range(group_size)]
+        completions = decode(rollout.response_ids)
+        prompts, answers = [p.prompt for p in per_response], [p.answer for p in per_response]
+        task_rewards = torch.tensor(score(prompts, completions, answers), dtype=torch.float32)
+        correct = torch.tensor([exact_match(p, c, a) for p, c, a in zip(prompts, completions, answers)])
+        rewards = task_rewards
+        if overlong is not None:
+            rewards = rewards + overlong_penalty(rollout.response_lengths, overlong.max_len, overlong.buffer,
+                                                 overlong.penalty)
+        seconds["reward"] += time.perf_counter() - t
+
+        keep = torch.ones(len(problems), dtype=torch.bool)
+        if dynamic_sampling:
+            keep = mixed_groups(task_rewards, group_size)
+            dropped += int((~keep).sum())
+        rows = keep.repeat_interleave(group_size)
+        kept.append(ScoredGroups([p for p, k in zip(problems, keep) if k], rollout.select(rows),
+                                 rewards[rows], correct[rows]))
+        kept_groups += int(keep.sum())
+        if kept_groups >= prompts_per_step:
+            break
+
+    problems = [p for part in kept for p in part.problems][:prompts_per_step]
+    n = len(problems) * group_size
+    rollout = concat_rollouts([part.rollout for part in kept], pad_id).select(torch.arange(n))
+    return ScoredGroups(problems=problems, rollout=rollout,
+                        rewards=torch.cat([part.rewards for part in kept])[:n],
+                        correct=torch.cat([part.correct for part in kept])[:n],
+                        rounds=rounds, dropped_groups=dropped, seconds=seconds)

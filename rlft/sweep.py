@@ -1,0 +1,86 @@
+"""Comparison table of several runs (a Hydra multirun, or any run directories).
+
+After `rlft train -m algo=grpo,dapo,gspo seed=0,1,2` the table is printed and written to the sweep
+directory as comparison.md; `python scripts/compare_runs.py DIR...` prints it again from the runs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from statistics import mean
+
+from hydra.experimental.callback import Callback
+from omegaconf import OmegaConf
+
+COLUMNS = ["held-out before", "held-out after", "first eval step >= 0.9", "train reward (last 10 steps)",
+           "train time (s)", "tokens trained"]
+
+
+def run_dirs_under(paths: list[Path]) -> list[Path]:
+    """The run directories in `paths`: each path is a run (has metrics.jsonl) or a folder of runs."""
+    found = []
+    for path in paths:
+        if (path / "metrics.jsonl").is_file():
+            found.append(path)
+        else:
+            found.extend(sorted(p.parent for p in path.glob("*/metrics.jsonl")))
+    return found
+
+
+def summarize_run(run_dir: Path) -> dict:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    evals = [r for r in rows if r.get("kind") == "eval"]
+    steps = [r for r in rows if r.get("kind") != "eval"]
+    rewards = [r["train/reward_mean"] for r in steps if "train/reward_mean" in r][-10:]
+    config = OmegaConf.load(run_dir / "config.yaml")
+    return {
+        "run": run_dir.name,
+        "algo": config.algo.name,
+        "seed": config.seed,
+        "held-out before": evals[0]["eval/accuracy"] if evals else None,
+        "held-out after": evals[-1]["eval/accuracy"] if evals else None,
+        "first eval step >= 0.9": next((r["step"] for r in evals if r["eval/accuracy"] >= 0.9), None),
+        "train reward (last 10 steps)": mean(rewards) if rewards else None,
+        "train time (s)": sum(r.get("perf/step_seconds", 0.0) for r in steps),
+        "tokens trained": sum(r.get("train/tokens", 0) for r in steps),
+    }
+
+
+def format_table(summaries: list[dict]) -> str:
+    lines = ["| algo | seed | " + " | ".join(COLUMNS) + " |", "|---|---:|" + "---:|" * len(COLUMNS)]
+    for s in summaries:
+        lines.append(f"| {s['algo']} | {s['seed']} | " + " | ".join(_fmt(s[c]) for c in COLUMNS) + " |")
+    by_algo = defaultdict(list)
+    for s in summaries:
+        by_algo[s["algo"]].append(s)
+    if any(len(group) > 1 for group in by_algo.values()):
+        lines += ["", "| algo | runs | " + " | ".join(f"mean {c}" for c in COLUMNS) + " |",
+                  "|---|---:|" + "---:|" * len(COLUMNS)]
+        for algo, group in by_algo.items():
+            means = [float(mean(s[c] for s in group)) if all(s[c] is not None for s in group) else None
+                     for c in COLUMNS]
+            lines.append(f"| {algo} | {len(group)} | " + " | ".join(_fmt(m) for m in means) + " |")
+    return "\n".join(lines)
+
+
+class SweepTable(Callback):
+    """Hydra callback: at the end of a multirun, print the comparison table and save it as comparison.md."""
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        runs = run_dirs_under([sweep_dir])
+        if not runs:
+            return
+        table = format_table([summarize_run(r) for r in runs])
+        (sweep_dir / "comparison.md").write_text(table + "\n")
+        print(f"\n{table}\n\ncomparison table: {sweep_dir / 'comparison.md'}")
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 10 else f"{value:,.1f}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
