@@ -93,3 +93,18 @@ def test_dapo_and_gspo_learn(rlft, tmp_path, algo):
         assert sum(r["rollout/dropped_groups"] for r in steps) > 0
         assert max(r["rollout/sampling_rounds"] for r in steps) >= 2
         assert "train/kl_ref" not in steps[0]  # kl_coef 0 loads no reference model
+
+
+def test_mask_truncated_drops_cut_off_responses_from_the_loss(rlft, tmp_path):
+    # max_new_tokens=2 cuts off every answer of two or more digits before its EOS.
+    common = [*TINY_RUN, "trainer.steps=2", "rollout.max_new_tokens=2"]
+    rlft("train", f"hydra.run.dir={tmp_path / 'kept'}", *common)
+    rlft("train", f"hydra.run.dir={tmp_path / 'masked'}", *common, "algo.mask_truncated=true")
+    kept = [r for r in read_metrics(tmp_path / "kept") if r.get("kind") != "eval"]
+    masked = [r for r in read_metrics(tmp_path / "masked") if r.get("kind") != "eval"]
+    assert all(r["train/tokens"] == r["rollout/tokens"] for r in kept)
+    assert all(r["rollout/truncated_frac"] > 0.5 for r in masked)
+    # Only the responses that ended with EOS count: each of those has at most 2 tokens.
+    for r in masked:
+        stopped = round((1 - r["rollout/truncated_frac"]) * 32)
+        assert r["train/tokens"] <= 2 * stopped < r["rollout/tokens"]
