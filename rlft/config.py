@@ -17,7 +17,7 @@ from rlft.errors import ConfigError
 SCALE_REWARDS = ("group", "batch", "none")
 DEVICES = ("cpu", "cuda")
 DTYPES = ("float32", "bfloat16", "float16")
-ENGINES = ("hf",)
+ENGINES = ("hf", "vllm")
 
 
 @dataclass
@@ -95,7 +95,14 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 8                # L_max, the longest response
-    max_batch_size: int = 1024             # sequences generated at once
+    max_batch_size: int = 1024             # hf: sequences generated at once
+    # vllm only (rollout=vllm):
+    gpu_memory_utilization: float = 0.5    # share of GPU memory vLLM may take (weights + KV cache)
+    tensor_parallel_size: int = 1
+    enable_sleep_mode: bool = False        # free vLLM's GPU memory while the learner trains (colocated)
+    in_process: bool = True                # False: the engine core runs in its own process
+    max_model_len: Optional[int] = None    # null = the model's own limit
+    sync_bucket_mb: int = 256              # weights travel to the engine in buckets of this size
 
 
 @dataclass
@@ -184,6 +191,18 @@ def validate(cfg: RunConfig) -> None:
     if a.micro_batch_size is not None:
         _at_least("algo.micro_batch_size", a.micro_batch_size, 1)
     _at_least("rollout.max_new_tokens", r.max_new_tokens, 1)
+    _at_least("rollout.tensor_parallel_size", r.tensor_parallel_size, 1)
+    _at_least("rollout.sync_bucket_mb", r.sync_bucket_mb, 1)
+    if not 0 < r.gpu_memory_utilization <= 1:
+        raise ConfigError(f"rollout.gpu_memory_utilization must be in (0, 1] (got {r.gpu_memory_utilization})")
+    if r.engine != "vllm" and (r.enable_sleep_mode or not r.in_process or r.tensor_parallel_size > 1):
+        raise ConfigError("rollout.enable_sleep_mode, rollout.in_process=false and rollout.tensor_parallel_size "
+                          f"need rollout=vllm (this run uses rollout.engine={r.engine})")
+    if r.engine == "vllm":
+        from rlft.rollout.vllm_engine import vllm_available
+        if not vllm_available():
+            raise ConfigError("rollout=vllm needs vLLM installed: `make setup-vllm` (CPU build) or "
+                              "`pip install -e '.[vllm]'` (GPU)")
     _at_least("trainer.steps", t.steps, 1)
     _at_least("trainer.prompts_per_step", t.prompts_per_step, 1)
     _at_least("trainer.eval_every", t.eval_every, 1)

@@ -114,6 +114,8 @@ def train(cfg: RunConfig, run_dir: Path) -> dict:
                 prompts_per_step=trainer_cfg.prompts_per_step, dynamic_sampling=algo.dynamic_sampling,
                 max_sampling_rounds=algo.max_sampling_rounds, overlong=overlong)
             rollout, rewards = scored.rollout, scored.rewards
+            if rollout_cfg.enable_sleep_mode:  # colocated: give the GPU memory to the learner until the sync
+                engine.sleep()
             row = {"step": step, "rollout/sampling_rounds": scored.rounds,
                    "rollout/dropped_groups": scored.dropped_groups, "rollout/groups": scored.num_groups,
                    "perf/generate_seconds": scored.seconds["generate"],

@@ -9,6 +9,8 @@ from omegaconf import OmegaConf
 from conftest import ROOT
 from rlft.cli import config_dir
 from rlft.config import GROUPS, RunConfig, register_schemas, validate
+from rlft.errors import ConfigError
+from rlft.rollout.vllm_engine import vllm_available
 
 CONF = ROOT / "conf"
 
@@ -25,6 +27,10 @@ def test_every_yaml_composes_onto_the_schema(group, option):
         cfg = compose(config_name="config", overrides=overrides)
     run = OmegaConf.to_object(cfg)
     assert isinstance(run, RunConfig)
+    if (group, option) == ("rollout", "vllm") and not vllm_available():
+        with pytest.raises(ConfigError, match="rollout=vllm needs vLLM installed: `make setup-vllm`"):
+            validate(run)
+        return
     validate(run)
 
 
@@ -43,6 +49,9 @@ ERRORS = [
     (["data=jsonl", "data.path=/no/such.jsonl"], "data file '/no/such.jsonl' does not exist"),
     (["reward.name=nope"], "unknown reward 'nope' (available: exact_match)"),
     (["resume=/no/such/run"], "resume='/no/such/run': no config.yaml there"),
+    (["rollout.enable_sleep_mode=true"], "rollout.enable_sleep_mode, rollout.in_process=false and "
+                                         "rollout.tensor_parallel_size need rollout=vllm"),
+    (["rollout=vllm", "rollout.gpu_memory_utilization=1.5"], "rollout.gpu_memory_utilization must be in (0, 1]"),
 ]
 
 

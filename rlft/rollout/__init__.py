@@ -18,4 +18,10 @@ def build_engine(cfg, model_path: str, dtype: str, device: str, tokenizer, seed:
             eos_ids = sorted(set(eos_ids) | set([generation_eos] if isinstance(generation_eos, int) else generation_eos))
         return HFEngine(model, pad_id=tokenizer.pad_token_id, eos_ids=eos_ids, seed=seed,
                         max_batch_size=cfg.max_batch_size)
+    if cfg.engine == "vllm":
+        from rlft.rollout.vllm_engine import VLLMEngine
+        return VLLMEngine(str(model_path), dtype, seed, pad_id=tokenizer.pad_token_id,
+                          max_model_len=cfg.max_model_len, gpu_memory_utilization=cfg.gpu_memory_utilization,
+                          tensor_parallel_size=cfg.tensor_parallel_size, enable_sleep_mode=cfg.enable_sleep_mode,
+                          in_process=cfg.in_process, sync_bucket_mb=cfg.sync_bucket_mb)
     raise ValueError(f"unknown rollout engine '{cfg.engine}'")

@@ -1,0 +1,122 @@
+"""Rollout engine on vLLM (`rollout=vllm`): the same interface as the HF engine.
+
+GPU: `pip install -e '.[vllm]'`; CPU: `make setup-vllm` (vLLM's CPU build). Weights arrive in place through
+vLLM's `reload_weights` worker call with the Hugging Face names (vLLM fuses q/k/v and gate/up, and skips
+lm_head when embeddings are tied, itself). In process, the learner's tensors are handed over directly;
+with the engine core in its own process they travel as safetensors bytes in buckets (rlft.rollout.
+vllm_worker). The prefix cache is reset after every update so no KV entry of old weights is reused.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Iterable
+
+import torch
+
+from rlft.rollout.base import Rollout, SamplingParams, left_pad
+
+
+def vllm_available() -> bool:
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class VLLMEngine:
+    def __init__(self, model_path: str, dtype: str, seed: int, *, pad_id: int, max_model_len: int | None = None,
+                 gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1,
+                 enable_sleep_mode: bool = False, in_process: bool = True, sync_bucket_mb: int = 256):
+        if not vllm_available():
+            raise ImportError("rollout=vllm needs vLLM: `make setup-vllm` (CPU build) or "
+                              "`pip install -e '.[vllm]'` (GPU)")
+        # vLLM reads this at engine creation: 0 keeps the engine core in this process.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
+        if not torch.cuda.is_available():  # CPU build: a small KV cache is plenty for RL batches (GiB)
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # rlft's console line per step, not vLLM's
+        from vllm import LLM
+        threads = torch.get_num_threads()
+        self.llm = LLM(model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
+                       gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size,
+                       enable_sleep_mode=enable_sleep_mode, enforce_eager=True, enable_prefix_caching=True,
+                       worker_extension_cls="rlft.rollout.vllm_worker.WeightReceiver",
+                       # the learner scores tokens at the sampling temperature: report those log-probs,
+                       # not the raw model's
+                       logprobs_mode="processed_logprobs")
+        # Each in-place reload warns that the tied lm_head and the rotary buffers got no tensor: expected.
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
+        torch.set_num_threads(threads)  # vLLM lowers them "for serving"; the learner in this process needs them
+        self.pad_id = pad_id
+        self.in_process = in_process
+        self.bucket_bytes = sync_bucket_mb * 2 ** 20
+        self.sleep_mode = enable_sleep_mode
+        self.asleep: set[str] = set()
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollout:
+        from vllm import SamplingParams as VLLMSampling
+        from vllm.inputs import TokensPrompt
+        self.wake_up()
+        # logprobs=0: the log-prob of the chosen token only.
+        sampling = VLLMSampling(n=params.n, temperature=params.temperature, top_p=params.top_p,
+                                max_tokens=params.max_new_tokens, logprobs=0, detokenize=False)
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sampling, use_tqdm=False)
+        requests, responses, logprobs, truncated = [], [], [], []
+        for prompt, output in zip(prompts, outputs):
+            for completion in output.outputs:  # the n samples of one prompt, adjacent as the interface says
+                ids = list(completion.token_ids)
+                requests.append(prompt)
+                responses.append(ids)
+                logprobs.append([step[token].logprob for step, token in zip(completion.logprobs, ids)])
+                truncated.append(completion.finish_reason == "length")
+        prompt_ids, prompt_mask = left_pad(requests, self.pad_id)
+        width = max(1, max(len(r) for r in responses))
+        response_ids = torch.full((len(responses), width), self.pad_id, dtype=torch.long)
+        response_mask = torch.zeros((len(responses), width), dtype=torch.long)
+        response_logprobs = torch.zeros((len(responses), width), dtype=torch.float32)
+        for row, (ids, lps) in enumerate(zip(responses, logprobs)):
+            response_ids[row, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+            response_mask[row, :len(ids)] = 1
+            response_logprobs[row, :len(ids)] = torch.tensor(lps, dtype=torch.float32)
+        return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
+                       response_mask=response_mask, logprobs=response_logprobs,
+                       truncated=torch.tensor(truncated, dtype=torch.bool))
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.wake_up(tags=["weights"])
+        named = [(name, tensor.detach()) for name, tensor in named_tensors]
+        if self.in_process:
+            self.llm.collective_rpc("rlft_load_weights", args=(named,))
+        else:
+            from safetensors.torch import save as to_safetensors
+
+            from rlft.sync.broadcast import TensorSpec, plan_buckets
+            specs = [TensorSpec(n, tuple(t.shape), t.dtype) for n, t in named]
+            for bucket in plan_buckets(specs, self.bucket_bytes):
+                blob = to_safetensors({named[i][0]: named[i][1].cpu().contiguous() for i in bucket})
+                self.llm.collective_rpc("rlft_receive_bucket", args=(blob,))
+            self.llm.collective_rpc("rlft_apply_weights")
+        self.llm.reset_prefix_cache()
+
+    def sleep(self) -> None:
+        """Release the GPU memory of weights and KV cache while the learner trains (enable_sleep_mode).
+        The next update_weights wakes the weights only, the next generate the KV cache too."""
+        if self.sleep_mode and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = {"weights", "kv_cache"}
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        waking = [tag for tag in (tags or sorted(self.asleep)) if tag in self.asleep]
+        if waking:
+            self.llm.wake_up(tags=waking)
+            self.asleep -= set(waking)
+
+    def rng_state(self) -> torch.Tensor:
+        # vLLM's sampler state is not exposed: a resumed vLLM run continues with fresh sampling noise.
+        return torch.zeros(0, dtype=torch.uint8)
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        pass

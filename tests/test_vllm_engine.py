@@ -1,0 +1,162 @@
+"""rollout=vllm on vLLM's CPU build (`make setup-vllm`; CI installs it). Skipped where vLLM is absent.
+
+These tests also guard the vLLM version pin: they call every vLLM API rlft uses (LLM construction options,
+TokensPrompt, SamplingParams with logprobs, collective_rpc("reload_weights"), the worker extension,
+reset_prefix_cache), so an upgrade that changes one of them fails here first.
+"""
+
+import copy
+
+import pytest
+import torch
+
+from rlft.algos.advantages import group_advantages
+from rlft.data.arithmetic import addition_problem
+from rlft.learner.learner import Learner, TrainBatch
+from rlft.learner.logprobs import response_logprobs
+from rlft.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
+from rlft.rollout.base import SamplingParams
+from rlft.rollout.hf_engine import HFEngine
+from rlft.rollout.vllm_engine import vllm_available
+from rlft.sync import push_weights
+
+pytestmark = [pytest.mark.vllm,
+              pytest.mark.skipif(not vllm_available(), reason="vLLM not installed (make setup-vllm)")]
+
+GREEDY = SamplingParams(n=1, temperature=0.0, max_new_tokens=8)
+# Same weights, float32, CPU: vLLM's kernels and the learner's differ only in summation order.
+LOGPROB_TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="module")
+def parts():
+    from rlft.rollout.vllm_engine import VLLMEngine
+    path = resolve_model_path("builtin:tiny-adder")
+    tokenizer = load_tokenizer(path)
+    prompts = [tokenizer.encode(p.prompt) for p in problems(64, seed=3)]
+    engine = VLLMEngine(str(path), "float32", seed=0, pad_id=tokenizer.pad_token_id)
+    return path, tokenizer, prompts, engine
+
+
+def problems(count, seed):
+    rng = torch.Generator().manual_seed(seed)
+    return [addition_problem(int(a), int(b)) for a, b in torch.randint(10, 100, (count, 2), generator=rng)]
+
+
+def hf_engine(model, tokenizer):
+    return HFEngine(copy.deepcopy(model), tokenizer.pad_token_id, [tokenizer.eos_token_id], seed=0)
+
+
+def texts(tokenizer, rollout):
+    return tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
+
+
+def test_greedy_equals_hf_engine_with_the_same_weights(parts):
+    path, tokenizer, prompts, engine = parts
+    hf = hf_engine(load_causal_lm(path, "float32", "cpu"), tokenizer)
+    ours, theirs = engine.generate(prompts, GREEDY), hf.generate(prompts, GREEDY)
+    assert texts(tokenizer, ours) == texts(tokenizer, theirs)
+    assert torch.equal(ours.truncated, theirs.truncated)
+
+
+def test_groups_logprobs_and_finish_reasons(parts):
+    path, tokenizer, prompts, engine = parts
+    rollout = engine.generate(prompts[:4], SamplingParams(n=8, temperature=1.0, max_new_tokens=3))
+    assert rollout.response_ids.shape[0] == 32
+    for row in range(32):  # the n responses of one prompt are adjacent, after that prompt
+        prompt = rollout.prompt_ids[row][rollout.prompt_mask[row].bool()].tolist()
+        assert prompt == prompts[row // 8]
+        length = int(rollout.response_lengths[row])
+        ids = rollout.response_ids[row, :length].tolist()
+        assert rollout.truncated[row] == (tokenizer.eos_token_id not in ids)  # "length" vs "stop"
+        assert length == 3 or ids[-1] == tokenizer.eos_token_id
+    learner_logp = response_logprobs(load_causal_lm(path, "float32", "cpu"), rollout.prompt_ids,
+                                     rollout.prompt_mask, rollout.response_ids, rollout.response_mask)
+    assert (rollout.logprobs * rollout.response_mask).ne(0).any()
+    assert (learner_logp - rollout.logprobs).abs().max() < LOGPROB_TOLERANCE
+    # Temperature: vLLM reports the log-probs of the tempered distribution, as the learner scores them.
+    hot = engine.generate(prompts[:4], SamplingParams(n=4, temperature=0.7, max_new_tokens=3))
+    hot_logp = response_logprobs(load_causal_lm(path, "float32", "cpu"), hot.prompt_ids, hot.prompt_mask,
+                                 hot.response_ids, hot.response_mask, temperature=0.7)
+    assert (hot_logp - hot.logprobs).abs().max() < LOGPROB_TOLERANCE
+
+
+def test_after_a_training_step_and_a_sync_vllm_follows_the_learner(parts):
+    path, tokenizer, prompts, engine = parts
+    before = texts(tokenizer, engine.generate(prompts, GREEDY))
+    rollout = engine.generate(prompts[:8], SamplingParams(n=4, temperature=1.0, max_new_tokens=6))
+    rewards = torch.rand(32, generator=torch.Generator().manual_seed(0))
+    learner = Learner(load_causal_lm(path, "float32", "cpu"), lr=3e-3, weight_decay=0.0, betas=(0.9, 0.999),
+                      eps=1e-8, max_grad_norm=1e9)
+    batch = TrainBatch(prompt_ids=rollout.prompt_ids, prompt_mask=rollout.prompt_mask,
+                       response_ids=rollout.response_ids, response_mask=rollout.response_mask,
+                       loss_mask=rollout.response_mask, advantages=group_advantages(rewards, 4),
+                       rollout_logprobs=rollout.logprobs, ref_logprobs=None)
+    learner.update(batch, ppo_epochs=1, micro_batch_size=32, temperature=1.0, max_response_len=6,
+                   loss_settings=dict(ratio_level="token", eps_low=0.2, eps_high=0.2, clip_ratio_c=None,
+                                      loss_agg="token_mean", kl_coef=0.0, kl_estimator="k3", tis_cap=None))
+    stats = push_weights(learner.model, engine)
+    assert stats.bytes == sum(p.numel() * 4 for p in learner.model.parameters())
+    after = engine.generate(prompts, GREEDY)
+    assert texts(tokenizer, after) == texts(tokenizer, hf_engine(learner.model, tokenizer).generate(prompts, GREEDY))
+    assert texts(tokenizer, after) != before
+    # The new weights are in use for log-probs too (and no stale prefix-cache entry survived).
+    learner_logp = response_logprobs(learner.model, after.prompt_ids, after.prompt_mask, after.response_ids,
+                                     after.response_mask)
+    assert (learner_logp - after.logprobs).abs().max() < LOGPROB_TOLERANCE
+    push_weights(load_causal_lm(path, "float32", "cpu"), engine)  # leave the shared engine as it was
+    assert texts(tokenizer, engine.generate(prompts, GREEDY)) == before
+
+
+@pytest.mark.parametrize("part", ["embed_tokens", "norm", "self_attn.q_proj", "mlp.down_proj"])
+def test_every_kind_of_weight_arrives_tied_embeddings_included(parts, part):
+    # The tiny model ties lm_head to embed_tokens: the learner sends the shared tensor once, under the
+    # embedding's name, and vLLM's output head must follow it too.
+    path, tokenizer, prompts, engine = parts
+    model = load_causal_lm(path, "float32", "cpu")
+    assert model.config.tie_word_embeddings
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if part in name:
+                p.add_(0.05 * torch.randn_like(p))
+    push_weights(model, engine)
+    rollout = engine.generate(prompts[:8], SamplingParams(n=2, temperature=1.0, max_new_tokens=4))
+    learner_logp = response_logprobs(model, rollout.prompt_ids, rollout.prompt_mask, rollout.response_ids,
+                                     rollout.response_mask)
+    push_weights(load_causal_lm(path, "float32", "cpu"), engine)
+    assert (learner_logp - rollout.logprobs).abs().max() < LOGPROB_TOLERANCE
+
+
+@pytest.mark.slow
+def test_engine_in_its_own_process_receives_bucketed_weights():
+    from rlft.rollout.vllm_engine import VLLMEngine
+    path = resolve_model_path("builtin:tiny-adder")
+    tokenizer = load_tokenizer(path)
+    prompts = [tokenizer.encode(p.prompt) for p in problems(32, seed=4)]
+    # ~1/8 of the model per bucket, so several buckets travel and must be reassembled
+    engine = VLLMEngine(str(path), "float32", seed=0, pad_id=tokenizer.pad_token_id, in_process=False,
+                        sync_bucket_mb=1)
+    model = load_causal_lm(path, "float32", "cpu")
+    before = texts(tokenizer, engine.generate(prompts, GREEDY))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.7)
+    push_weights(model, engine)
+    after = texts(tokenizer, engine.generate(prompts, GREEDY))
+    assert after == texts(tokenizer, hf_engine(model, tokenizer).generate(prompts, GREEDY))
+    assert after != before
+
+
+@pytest.mark.slow
+def test_rlft_train_with_the_vllm_engine_learns(rlft, tmp_path):
+    from conftest import TINY_RUN, read_metrics
+    run = tmp_path / "run"
+    rlft("train", f"hydra.run.dir={run}", "rollout=vllm", "trainer.steps=20", "trainer.eval_every=20",
+         "trainer.prompts_per_step=32", "algo.group_size=8", *TINY_RUN[2:])
+    rows = read_metrics(run)
+    evals = [r["eval/accuracy"] for r in rows if r.get("kind") == "eval"]
+    steps = [r for r in rows if r.get("kind") != "eval"]
+    assert evals[-1] > evals[0] + 0.3, evals  # measured: 0.29 -> 0.89 after 20 steps
+    assert max(r["rollout/logprob_diff_max"] for r in steps) < 1e-3
+    assert all(r["sync/bytes"] > 0 for r in steps)
