@@ -199,10 +199,9 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("rollout.enable_sleep_mode, rollout.in_process=false and rollout.tensor_parallel_size "
                           f"need rollout=vllm (this run uses rollout.engine={r.engine})")
     if r.engine == "vllm":
-        from rlft.rollout.vllm_engine import vllm_available
+        from rlft.rollout.vllm_engine import INSTALL_HINT, vllm_available
         if not vllm_available():
-            raise ConfigError("rollout=vllm needs vLLM installed: `make setup-vllm` (CPU build) or "
-                              "`pip install -e '.[vllm]'` (GPU)")
+            raise ConfigError(INSTALL_HINT)
     _at_least("trainer.steps", t.steps, 1)
     _at_least("trainer.prompts_per_step", t.prompts_per_step, 1)
     _at_least("trainer.eval_every", t.eval_every, 1)

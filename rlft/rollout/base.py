@@ -63,6 +63,17 @@ def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, tor
     return ids, mask
 
 
+def right_pad(sequences: list[list], pad_value, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, mask), both [len(sequences), max(1, longest)], padding on the right."""
+    width = max(1, max(len(s) for s in sequences))
+    values = torch.full((len(sequences), width), pad_value, dtype=dtype)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        values[row, :len(seq)] = torch.tensor(seq, dtype=dtype)
+        mask[row, :len(seq)] = 1
+    return values, mask
+
+
 def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
     """Stack rollouts row-wise, re-padding prompts on the left and responses on the right."""
     if len(parts) == 1:

@@ -15,7 +15,11 @@ from typing import Iterable
 
 import torch
 
-from rlft.rollout.base import Rollout, SamplingParams, left_pad
+from rlft.rollout.base import Rollout, SamplingParams, left_pad, right_pad
+
+
+INSTALL_HINT = ("rollout=vllm needs vLLM installed: `make setup-vllm` (CPU build) or "
+                "`pip install -e '.[vllm]'` (GPU)")
 
 
 def vllm_available() -> bool:
@@ -31,8 +35,7 @@ class VLLMEngine:
                  gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1,
                  enable_sleep_mode: bool = False, in_process: bool = True, sync_bucket_mb: int = 256):
         if not vllm_available():
-            raise ImportError("rollout=vllm needs vLLM: `make setup-vllm` (CPU build) or "
-                              "`pip install -e '.[vllm]'` (GPU)")
+            raise ImportError(INSTALL_HINT)
         # vLLM reads this at engine creation: 0 keeps the engine core in this process.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
         if not torch.cuda.is_available():  # CPU build: a small KV cache is plenty for RL batches (GiB)
@@ -73,14 +76,8 @@ class VLLMEngine:
                 logprobs.append([step[token].logprob for step, token in zip(completion.logprobs, ids)])
                 truncated.append(completion.finish_reason == "length")
         prompt_ids, prompt_mask = left_pad(requests, self.pad_id)
-        width = max(1, max(len(r) for r in responses))
-        response_ids = torch.full((len(responses), width), self.pad_id, dtype=torch.long)
-        response_mask = torch.zeros((len(responses), width), dtype=torch.long)
-        response_logprobs = torch.zeros((len(responses), width), dtype=torch.float32)
-        for row, (ids, lps) in enumerate(zip(responses, logprobs)):
-            response_ids[row, :len(ids)] = torch.tensor(ids, dtype=torch.long)
-            response_mask[row, :len(ids)] = 1
-            response_logprobs[row, :len(ids)] = torch.tensor(lps, dtype=torch.float32)
+        response_ids, response_mask = right_pad(responses, self.pad_id, torch.long)
+        response_logprobs, _ = right_pad(logprobs, 0.0, torch.float32)
         return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
                        response_mask=response_mask, logprobs=response_logprobs,
                        truncated=torch.tensor(truncated, dtype=torch.bool))
