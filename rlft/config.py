@@ -18,6 +18,7 @@ SCALE_REWARDS = ("group", "batch", "none")
 DEVICES = ("cpu", "cuda")
 DTYPES = ("float32", "bfloat16", "float16")
 ENGINES = ("hf", "vllm")
+WEIGHT_SYNCS = ("rpc", "broadcast")
 
 
 @dataclass
@@ -103,6 +104,8 @@ class RolloutConfig:
     in_process: bool = True                # False: the engine core runs in its own process
     max_model_len: Optional[int] = None    # null = the model's own limit
     sync_bucket_mb: int = 256              # weights travel to the engine in buckets of this size
+    weight_sync: str = "rpc"               # rpc: through vLLM's worker calls; broadcast: a torch.distributed
+                                           # group (NCCL/gloo) from the learner to the workers (own process)
 
 
 @dataclass
@@ -198,6 +201,10 @@ def validate(cfg: RunConfig) -> None:
     if r.engine != "vllm" and (r.enable_sleep_mode or not r.in_process or r.tensor_parallel_size > 1):
         raise ConfigError("rollout.enable_sleep_mode, rollout.in_process=false and rollout.tensor_parallel_size "
                           f"need rollout=vllm (this run uses rollout.engine={r.engine})")
+    _choice("rollout.weight_sync", r.weight_sync, WEIGHT_SYNCS)
+    if r.weight_sync == "broadcast" and (r.engine != "vllm" or r.in_process):
+        raise ConfigError("rollout.weight_sync=broadcast needs rollout=vllm with rollout.in_process=false "
+                          "(the workers must be other processes to join the broadcast group)")
     if r.engine == "vllm":
         from rlft.rollout.vllm_engine import INSTALL_HINT, vllm_available
         if not vllm_available():

@@ -60,13 +60,18 @@ def main() -> None:
     seconds, tokens = timed(lambda: int(hf.generate(prompts, params).response_mask.sum()), args.repeats)
     add("hf engine (rlft)", seconds, tokens, min(push_weights(learner_model, hf).seconds for _ in range(3)))
 
-    in_process = [True] if args.skip_own_process else [True, False]
-    for own in in_process:
-        engine = VLLMEngine(str(path), args.dtype, seed=0, pad_id=tokenizer.pad_token_id, in_process=own)
+    variants = [("in process", True, "rpc")]  # (label, in_process, weight_sync)
+    if not args.skip_own_process:
+        variants += [("own process", False, "rpc"), ("own process, broadcast sync", False, "broadcast")]
+    for label, in_process, weight_sync in variants:
+        engine = VLLMEngine(str(path), args.dtype, seed=0, pad_id=tokenizer.pad_token_id, in_process=in_process,
+                            weight_sync=weight_sync)
         seconds, tokens = timed(lambda: int(engine.generate(prompts, params).response_mask.sum()), args.repeats)
         sync = min(push_weights(learner_model, engine).seconds for _ in range(3))
-        label = "in process" if own else "own process"
         add(f"vllm engine (rlft, {label})", seconds, tokens, sync)
+        if weight_sync == "broadcast":  # same engine as the row above; only the sync differs
+            engine.llm.llm_engine.engine_core.shutdown()
+            continue
 
         from vllm import SamplingParams as VLLMSampling
         from vllm.inputs import TokensPrompt

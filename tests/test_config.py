@@ -51,6 +51,9 @@ ERRORS = [
     (["resume=/no/such/run"], "resume='/no/such/run': no config.yaml there"),
     (["rollout.enable_sleep_mode=true"], "rollout.enable_sleep_mode, rollout.in_process=false and "
                                          "rollout.tensor_parallel_size need rollout=vllm"),
+    (["rollout.weight_sync=nccl"], "rollout.weight_sync='nccl' is not one of: rpc, broadcast"),
+    (["rollout.weight_sync=broadcast"], "rollout.weight_sync=broadcast needs rollout=vllm with "
+                                        "rollout.in_process=false"),
     (["rollout=vllm", "rollout.gpu_memory_utilization=1.5"], "rollout.gpu_memory_utilization must be in (0, 1]"),
 ]
 

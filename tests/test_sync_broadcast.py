@@ -8,7 +8,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
-from rlft.sync.broadcast import TensorSpec, WeightBroadcaster, plan_buckets
+from rlft.sync.broadcast import TensorSpec, WeightBroadcaster, open_sync_group, plan_buckets
 
 
 def weights(seed: int) -> dict[str, torch.Tensor]:
@@ -23,9 +23,12 @@ def weights(seed: int) -> dict[str, torch.Tensor]:
     }
 
 
-def worker(rank: int, port: int, out: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    broadcaster = WeightBroadcaster(src=0, bucket_bytes=4096)
+def worker(rank: int, ports: tuple[int, int], out: str) -> None:
+    # Each process already has a default group (as learner ranks and vLLM workers do); the sync group
+    # is a second one beside it.
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{ports[0]}", rank=rank, world_size=2)
+    group = open_sync_group("127.0.0.1", ports[1], rank, world_size=2, backend="gloo", timeout_s=60)
+    broadcaster = WeightBroadcaster(group, src=0, bucket_bytes=4096)
     for seed in (1, 2):  # two syncs in a row, as two training steps would
         if rank == 0:
             broadcaster.send(weights(seed).items())
@@ -45,12 +48,17 @@ def free_port() -> int:
 
 def test_two_process_broadcast_is_bitwise_exact(tmp_path):
     out = str(tmp_path / "received.safetensors")
-    mp.start_processes(worker, args=(free_port(), out), nprocs=2, start_method="spawn", join=True)
+    mp.start_processes(worker, args=((free_port(), free_port()), out), nprocs=2, start_method="spawn", join=True)
     for seed in (1, 2):
         received, sent = load_file(f"{out}.{seed}"), weights(seed)
         assert received.keys() == sent.keys()
         for name, tensor in sent.items():
             assert received[name].dtype == tensor.dtype and torch.equal(received[name], tensor), name
+
+
+def test_unknown_backend_is_named():
+    with pytest.raises(ValueError, match="gloo or nccl"):
+        open_sync_group("127.0.0.1", free_port(), 0, world_size=1, backend="mpi", timeout_s=5)
 
 
 def test_buckets_hold_one_dtype_and_respect_the_size():

@@ -129,15 +129,17 @@ def test_every_kind_of_weight_arrives_tied_embeddings_included(parts, part):
 
 
 @pytest.mark.slow
-def test_engine_in_its_own_process_receives_bucketed_weights():
+@pytest.mark.parametrize("weight_sync", ["rpc", "broadcast"])  # safetensors bytes; a gloo broadcast group
+def test_engine_in_its_own_process_receives_bucketed_weights(weight_sync):
     from rlft.rollout.vllm_engine import VLLMEngine
     path = resolve_model_path("builtin:tiny-adder")
     tokenizer = load_tokenizer(path)
     prompts = [tokenizer.encode(p.prompt) for p in problems(32, seed=4)]
     # ~1/8 of the model per bucket, so several buckets travel and must be reassembled
     engine = VLLMEngine(str(path), "float32", seed=0, pad_id=tokenizer.pad_token_id, in_process=False,
-                        sync_bucket_mb=1)
+                        sync_bucket_mb=1, weight_sync=weight_sync)
     model = load_causal_lm(path, "float32", "cpu")
+    assert (engine.broadcaster is not None) == (weight_sync == "broadcast")
     before = texts(tokenizer, engine.generate(prompts, GREEDY))
     with torch.no_grad():
         for p in model.parameters():

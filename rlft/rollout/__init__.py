@@ -23,5 +23,6 @@ def build_engine(cfg, model_path: str, dtype: str, device: str, tokenizer, seed:
         return VLLMEngine(str(model_path), dtype, seed, pad_id=tokenizer.pad_token_id,
                           max_model_len=cfg.max_model_len, gpu_memory_utilization=cfg.gpu_memory_utilization,
                           tensor_parallel_size=cfg.tensor_parallel_size, enable_sleep_mode=cfg.enable_sleep_mode,
-                          in_process=cfg.in_process, sync_bucket_mb=cfg.sync_bucket_mb)
+                          in_process=cfg.in_process, sync_bucket_mb=cfg.sync_bucket_mb,
+                          weight_sync=cfg.weight_sync)
     raise ValueError(f"unknown rollout engine '{cfg.engine}'")

@@ -4,13 +4,14 @@ GPU: `pip install -e '.[vllm]'`; CPU: `make setup-vllm` (vLLM's CPU build). Weig
 vLLM's `reload_weights` worker call with the Hugging Face names (vLLM fuses q/k/v and gate/up, and skips
 lm_head when embeddings are tied, itself). In process, the learner's tensors are handed over directly;
 with the engine core in its own process they travel as safetensors bytes in buckets (rlft.rollout.
-vllm_worker). The prefix cache is reset after every update so no KV entry of old weights is reused.
+vllm_worker), or by broadcast over a torch.distributed group (weight_sync="broadcast"). The prefix cache is reset after every update so no KV entry of old weights is reused.
 """
 
 from __future__ import annotations
 
-import logging
 import os
+import socket
+from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable
 
 import torch
@@ -33,9 +34,12 @@ def vllm_available() -> bool:
 class VLLMEngine:
     def __init__(self, model_path: str, dtype: str, seed: int, *, pad_id: int, max_model_len: int | None = None,
                  gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1,
-                 enable_sleep_mode: bool = False, in_process: bool = True, sync_bucket_mb: int = 256):
+                 enable_sleep_mode: bool = False, in_process: bool = True, sync_bucket_mb: int = 256,
+                 weight_sync: str = "rpc", sync_host: str = "127.0.0.1"):
         if not vllm_available():
             raise ImportError(INSTALL_HINT)
+        if weight_sync == "broadcast" and in_process:
+            raise ValueError("weight_sync=broadcast needs the engine in its own process (in_process=false)")
         # vLLM reads this at engine creation: 0 keeps the engine core in this process.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
         if not torch.cuda.is_available():  # CPU build: a small KV cache is plenty for RL batches (GiB)
@@ -50,14 +54,32 @@ class VLLMEngine:
                        # the learner scores tokens at the sampling temperature: report those log-probs,
                        # not the raw model's
                        logprobs_mode="processed_logprobs")
-        # Each in-place reload warns that the tied lm_head and the rotary buffers got no tensor: expected.
-        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
+        import rlft.rollout.vllm_worker  # noqa: F401  (quiets the reload's expected warnings in this process)
         torch.set_num_threads(threads)  # vLLM lowers them "for serving"; the learner in this process needs them
         self.pad_id = pad_id
         self.in_process = in_process
         self.bucket_bytes = sync_bucket_mb * 2 ** 20
         self.sleep_mode = enable_sleep_mode
         self.asleep: set[str] = set()
+        self.broadcaster = None
+        if weight_sync == "broadcast":
+            self._join_broadcast_group(sync_host, tensor_parallel_size)
+
+    def _join_broadcast_group(self, host: str, workers: int) -> None:
+        """Learner = rank 0, vLLM's workers = ranks 1..workers. A worker call blocks until the collective
+        it starts completes, so the engine's side runs on a thread while this one takes part as sender."""
+        from rlft.sync.broadcast import WeightBroadcaster, open_sync_group
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        with socket.socket() as probe:  # a free port for the group's store
+            probe.bind((host, 0))
+            port = probe.getsockname()[1]
+        self._rpc_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlft-vllm-sync")
+        joined = self._rpc_thread.submit(self.llm.collective_rpc, "rlft_join_sync_group",
+                                         args=(host, port, 1 + workers, backend, self.bucket_bytes))
+        group = open_sync_group(host, port, 0, 1 + workers, backend)
+        joined.result()
+        self.broadcaster = WeightBroadcaster(group, src=0, bucket_bytes=self.bucket_bytes,
+                                             device="cuda" if backend == "nccl" else "cpu")
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollout:
         from vllm import SamplingParams as VLLMSampling
@@ -85,7 +107,11 @@ class VLLMEngine:
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         self.wake_up(tags=["weights"])
         named = [(name, tensor.detach()) for name, tensor in named_tensors]
-        if self.in_process:
+        if self.broadcaster is not None:
+            received = self._rpc_thread.submit(self.llm.collective_rpc, "rlft_receive_broadcast")
+            self.broadcaster.send(named)
+            received.result()
+        elif self.in_process:
             self.llm.collective_rpc("rlft_load_weights", args=(named,))
         else:
             from safetensors.torch import save as to_safetensors

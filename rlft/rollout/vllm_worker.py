@@ -2,12 +2,19 @@
 
 In process, tensors are handed over as they are. With the engine core in its own process, `collective_rpc`
 arguments are serialised: weights travel as safetensors bytes (compact, dtype-exact) and accumulate until
-`rlft_apply_weights`, so vLLM's in-place reload sees one complete set of weights, as it expects.
+`rlft_apply_weights`, so vLLM's in-place reload sees one complete set of weights, as it expects. Or
+(weight_sync=broadcast) the worker joins a torch.distributed group with the learner and receives the
+buckets by broadcast (rlft.sync.broadcast): NCCL between GPUs, gloo on CPU.
 """
 
 from __future__ import annotations
 
+import logging
+
 from safetensors.torch import load as load_safetensors
+
+# Each in-place reload warns that the tied lm_head and the rotary buffers got no tensor: expected.
+logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
 
 
 class WeightReceiver:
@@ -23,6 +30,18 @@ class WeightReceiver:
 
     def rlft_apply_weights(self) -> int:
         return self.rlft_load_weights(self.__dict__.pop("_rlft_pending", []))
+
+    def rlft_join_sync_group(self, host: str, port: int, world_size: int, backend: str, bucket_bytes: int) -> int:
+        from rlft.sync.broadcast import WeightBroadcaster, open_sync_group
+        rank = 1 + self.rank  # the learner is rank 0; tensor-parallel workers follow it
+        group = open_sync_group(host, port, rank, world_size, backend)
+        self._rlft_broadcaster = WeightBroadcaster(group, src=0, bucket_bytes=bucket_bytes, device=self.device)
+        return rank
+
+    def rlft_receive_broadcast(self) -> int:
+        received: list = []
+        self._rlft_broadcaster.receive(received.extend)
+        return self.rlft_load_weights(received)
 
     def _rlft_refresh_tied_lm_head(self) -> None:
         # vLLM's CPU backend keeps a repacked copy of lm_head for its GEMM; with tied embeddings the reload
