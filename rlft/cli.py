@@ -17,6 +17,7 @@ USAGE = """usage: rlft train [KEY=VALUE ...] [GROUP=OPTION ...] [-m] [--cfg job]
   rlft train --cfg job                print the composed config and exit
   rlft train resume=runs/DIR          continue a run from its last checkpoint
   rlft train -m seed=0,1,2            a Hydra multirun sweep
+  rlft compare DIR [DIR...] [-o PNG]  plot and tabulate runs (a sweep directory or run directories)
 """
 
 
@@ -37,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command == "train":
         return train_command(rest)
+    if command == "compare":
+        return compare_command(rest)
     print(f"rlft: error: unknown command '{command}'\n{USAGE}", file=sys.stderr)
     return 2
 
@@ -44,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
 def train_command(overrides: list[str]) -> int:
     import hydra
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
     from omegaconf import DictConfig, OmegaConf
 
     from rlft.config import RunConfig, register_schemas
@@ -57,6 +61,8 @@ def train_command(overrides: list[str]) -> int:
             return _fail(f"resume='{resume}': no config.yaml there (is it an rlft run directory?)")
         overrides = overrides + [f"hydra.run.dir={resume}"]
 
+    swept = swept_keys(overrides)
+
     @hydra.main(config_path=config_dir(), config_name="config", version_base="1.3")
     def hydra_app(dcfg: DictConfig) -> float | None:
         from rlft.trainer import train
@@ -64,6 +70,8 @@ def train_command(overrides: list[str]) -> int:
             if dcfg.resume:
                 dcfg = _resumed_config(dcfg, HydraConfig.get().overrides.task)
             cfg: RunConfig = OmegaConf.to_object(dcfg)
+            if HydraConfig.get().mode == RunMode.MULTIRUN:
+                label_sweep_run(cfg, HydraConfig.get(), swept)
             summary = train(cfg, Path(HydraConfig.get().runtime.output_dir))
         except UserError as err:
             raise _UserFailure(str(err)) from None  # a BaseException: Hydra lets it through unprinted
@@ -83,8 +91,47 @@ def train_command(overrides: list[str]) -> int:
     return 0
 
 
+def compare_command(args: list[str]) -> int:
+    import argparse
+
+    from rlft.compare import compare
+    from rlft.errors import UserError
+
+    parser = argparse.ArgumentParser(prog="rlft compare", description="plot and tabulate rlft runs")
+    parser.add_argument("paths", nargs="+", type=Path, help="a multirun directory, or run directories")
+    parser.add_argument("-o", "--out", type=Path, help="the PNG (default: comparison.png in the sweep "
+                                                         "directory, or here)")
+    options = parser.parse_args(args)
+    try:
+        png, table = compare(options.paths, options.out)
+    except UserError as err:
+        return _fail(str(err))
+    print(f"{table}\n\nfigure: {png}")
+    return 0
+
+
 class _UserFailure(BaseException):
     """A UserError raised inside the Hydra job, carried out past Hydra's own error report."""
+
+
+def swept_keys(overrides: list[str]) -> set[str]:
+    """Keys a multirun sweeps over: `key=a,b`, `key=range(...)`, `key=choice(...)`."""
+    keys = set()
+    for item in overrides:
+        key, _, value = item.lstrip("+~").partition("=")
+        if "," in value or value.startswith(("range(", "choice(", "interval(")):
+            keys.add(key)
+    return keys
+
+
+def label_sweep_run(cfg, hydra_cfg, swept: set[str]) -> None:
+    """One W&B group per sweep (its directory's name) and the run's swept values as tags, so the runs of
+    `rlft train -m algo=grpo,dapo seed=0,1` group by algo in the W&B UI."""
+    if cfg.logger.group is None:
+        cfg.logger.group = f"sweep-{Path(hydra_cfg.sweep.dir).name}"
+    for item in hydra_cfg.overrides.task:
+        if item.lstrip("+~").split("=", 1)[0] in swept and item not in cfg.logger.tags:
+            cfg.logger.tags.append(item)
 
 
 def _resumed_config(dcfg, task_overrides):

@@ -118,6 +118,14 @@ class HardwareConfig:
 class LoggerConfig:
     console: bool = True                   # a progress bar and one line per step
     jsonl: bool = True                     # metrics.jsonl in the run directory
+    wandb: bool = False                    # also log to Weights & Biases (logger=wandb)
+    project: str = "rlft"
+    entity: Optional[str] = None
+    group: Optional[str] = None            # null: a multirun's runs share the sweep's name as group
+    tags: list[str] = field(default_factory=list)  # a multirun adds each run's swept key=value
+    name: Optional[str] = None             # null: the run directory's name
+    mode: Optional[str] = None             # online, offline, disabled; null: WANDB_MODE, else online
+    log_model: bool = False                # upload the final model as a W&B artifact
 
 
 @dataclass
@@ -201,6 +209,8 @@ def validate(cfg: RunConfig) -> None:
     if r.engine != "vllm" and (r.enable_sleep_mode or not r.in_process or r.tensor_parallel_size > 1):
         raise ConfigError("rollout.enable_sleep_mode, rollout.in_process=false and rollout.tensor_parallel_size "
                           f"need rollout=vllm (this run uses rollout.engine={r.engine})")
+    if cfg.logger.mode is not None:
+        _choice("logger.mode", cfg.logger.mode, ("online", "offline", "disabled"))
     _choice("rollout.weight_sync", r.weight_sync, WEIGHT_SYNCS)
     if r.weight_sync == "broadcast" and (r.engine != "vllm" or r.in_process):
         raise ConfigError("rollout.weight_sync=broadcast needs rollout=vllm with rollout.in_process=false "

@@ -1,4 +1,5 @@
-"""Where metrics go: metrics.jsonl in the run directory, and the console (progress bar + one line a step)."""
+"""Where metrics go: metrics.jsonl in the run directory, the console (progress bar + one line a step) and,
+with logger=wandb, Weights & Biases (rlft.wandb_sink)."""
 
 from __future__ import annotations
 
@@ -20,9 +21,10 @@ CONSOLE_COLUMNS = [  # (metric, label, format)
 
 
 class Monitor:
-    def __init__(self, run_dir: Path, total_steps: int, start_step: int, console: bool, jsonl: bool):
+    def __init__(self, run_dir: Path, total_steps: int, start_step: int, console: bool, jsonl: bool, wandb=None):
         self.path = run_dir / "metrics.jsonl" if jsonl else None
         self.console = console
+        self.wandb = wandb
         # disable=None: no bar when stdout is not a terminal (CI logs), the step lines still print
         self.bar = tqdm(total=total_steps, initial=start_step, desc="rlft", unit="step",
                         dynamic_ncols=True, leave=False, disable=None) if console else None
@@ -32,21 +34,32 @@ class Monitor:
         if self.path is not None:
             with self.path.open("a") as f:
                 f.write(json.dumps(_jsonable(row)) + "\n")
+        if self.wandb is not None:
+            self.wandb.log(row)
         if not self.console:
             return
         if row.get("kind") == "eval":
             self.print(f"eval step {row['step']:>4} | held-out accuracy {row['eval/accuracy']:.3f}")
             return
         self.print(format_step_line(row))
-        self.bar.update(1)
+        if self.bar is not None:
+            self.bar.update(1)
 
     def print(self, text: str) -> None:
         if self.console:
             tqdm.write(text) if self.bar is not None else print(text)
 
+    def log_model(self, path: Path) -> None:
+        if self.wandb is not None:
+            self.wandb.log_model(path)
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+            self.bar = None
+        if self.wandb is not None:
+            self.wandb.finish()
+            self.wandb = None
 
 
 def format_step_line(row: dict) -> str:

@@ -1,7 +1,7 @@
 """Comparison table of several runs (a Hydra multirun, or any run directories).
 
 After `rlft train -m algo=grpo,dapo,gspo seed=0,1,2` the table is printed and written to the sweep
-directory as comparison.md; `python scripts/compare_runs.py DIR...` prints it again from the runs.
+directory as comparison.md; `rlft compare DIR...` prints it again and plots the runs (rlft.compare).
 """
 
 from __future__ import annotations
@@ -73,9 +73,10 @@ class SweepTable(Callback):
         runs = run_dirs_under([sweep_dir])
         if not runs:
             return
-        table = format_table([summarize_run(r) for r in runs])
+        from rlft.compare import compare
+        png, table = compare([sweep_dir])
         (sweep_dir / "comparison.md").write_text(table + "\n")
-        print(f"\n{table}\n\ncomparison table: {sweep_dir / 'comparison.md'}")
+        print(f"\n{table}\n\ncomparison table: {sweep_dir / 'comparison.md'}; figure: {png}")
 
 
 def _fmt(value) -> str:

@@ -28,6 +28,7 @@ from rlft.learner.learner import Learner, TrainBatch
 from rlft.learner.logprobs import response_logprobs
 from rlft.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
 from rlft.monitor import Monitor, read_metrics, truncate_metrics
+from rlft.wandb_sink import WandbSink
 from rlft.rewards import REWARDS, exact_match, score
 from rlft.rollout import build_engine
 from rlft.rollout.base import RolloutEngine, SamplingParams
@@ -82,7 +83,8 @@ def train(cfg: RunConfig, run_dir: Path) -> dict:
         start_step = state.step
         truncate_metrics(run_dir / "metrics.jsonl", start_step)
         push_weights(learner.model, engine)
-    monitor = Monitor(run_dir, trainer_cfg.steps, start_step, cfg.logger.console, cfg.logger.jsonl)
+    monitor = Monitor(run_dir, trainer_cfg.steps, start_step, cfg.logger.console, cfg.logger.jsonl,
+                      wandb=WandbSink(cfg, run_dir) if cfg.logger.wandb else None)
     monitor.print(describe_batch(cfg, len(train_problems), len(held_out), micro_batch, start_step))
     if start_step == 0:
         monitor.log(evaluate(engine, tokenizer, held_out, rollout_cfg.max_new_tokens, reward_fn, step=0))
@@ -175,6 +177,9 @@ def train(cfg: RunConfig, run_dir: Path) -> dict:
                    "rollout/tokens": int(rollout.response_mask.sum()),
                    "sync/seconds": sync.seconds, "sync/bytes": sync.bytes,
                    "perf/ref_seconds": ref_seconds, "perf/train_seconds": train_seconds,
+                   # old log-probs come from the first epoch's forward passes: no time of their own
+                   "perf/generate_tokens_per_s": lengths.sum().item() / max(scored.seconds["generate"], 1e-9),
+                   "perf/train_tokens_per_s": train_metrics["tokens"] / max(train_seconds, 1e-9),
                    "perf/step_seconds": time.perf_counter() - step_start,
                    "perf/peak_rss_mb": peak_memory_mb(device)}
             monitor.log(row)
@@ -186,11 +191,12 @@ def train(cfg: RunConfig, run_dir: Path) -> dict:
     except RewardError as err:
         monitor.close()
         raise RewardError(f"{err} [step {step}; {_resume_hint(run_dir, saved[-1])}]") from err
-    monitor.close()
 
     if step == trainer_cfg.steps:
         learner.model.save_pretrained(run_dir / "final_model")
         tokenizer.save_pretrained(run_dir / "final_model")
+        monitor.log_model(run_dir / "final_model")
+    monitor.close()
     summary = summarize(run_dir, step)
     monitor.print(format_summary(summary))
     return summary
@@ -237,8 +243,8 @@ def evaluate(engine: RolloutEngine, tokenizer, problems: list[Problem], max_new_
     rewards = [float(reward_fn(p.prompt, c, p.answer)) for p, c in zip(problems, completions)]
     return {"step": step, "kind": "eval", "eval/accuracy": sum(correct) / len(correct),
             "eval/reward_mean": sum(rewards) / len(rewards), "eval/size": len(problems),
-            "eval/samples": [{"prompt": p.prompt, "completion": c, "answer": p.answer}
-                             for p, c in list(zip(problems, completions))[:4]]}
+            "eval/samples": [{"prompt": p.prompt, "completion": c, "answer": p.answer, "reward": r}
+                             for p, c, r in list(zip(problems, completions, rewards))[:4]]}
 
 
 def describe_batch(cfg: RunConfig, train_size: int, eval_size: int, micro_batch: int, start_step: int) -> str:

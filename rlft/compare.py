@@ -1,0 +1,81 @@
+"""`rlft compare DIR...`: one figure and one table for several runs (a multirun sweep, or run dirs).
+
+Runs with the same label (the algorithm, unless every run has the same one: then the run's name without
+its seed) are one line: the mean over their seeds, with a band from the lowest to the highest.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+from omegaconf import OmegaConf
+
+from rlft.errors import UserError
+from rlft.monitor import read_metrics
+from rlft.sweep import format_table, run_dirs_under, summarize_run
+
+PANELS = [  # (metric, title, from eval rows?)
+    ("train/reward_mean", "train reward", False),
+    ("eval/accuracy", "held-out accuracy", True),
+    ("train/kl_ref", "KL to reference", False),
+    ("train/clip_frac", "clip fraction", False),
+    ("rollout/response_len_mean", "response length (tokens)", False),
+]
+
+
+def run_labels(run_dirs: list[Path]) -> list[str]:
+    algos = [OmegaConf.load(d / "config.yaml").algo.name for d in run_dirs]
+    if len(set(algos)) > 1:
+        return algos
+    # one algorithm: tell runs apart by their directory name, seeds folded together
+    return [re.sub(r",?seed=\d+", "", re.sub(r"^\d+_", "", d.name)) or d.name for d in run_dirs]
+
+
+def curves(run_dir: Path, metric: str, from_eval: bool) -> tuple[np.ndarray, np.ndarray]:
+    rows = [r for r in read_metrics(run_dir / "metrics.jsonl")
+            if (r.get("kind") == "eval") == from_eval and r.get(metric) is not None]
+    return np.array([r["step"] for r in rows]), np.array([r[metric] for r in rows], dtype=float)
+
+
+def plot_comparison(run_dirs: list[Path]):
+    """The figure: one panel per metric, one line per label (mean over its runs, min-max band)."""
+    import matplotlib
+    matplotlib.use("Agg")  # files only: no display on servers and CI
+    import matplotlib.pyplot as plt
+
+    by_label: dict[str, list[Path]] = defaultdict(list)
+    for label, run_dir in zip(run_labels(run_dirs), run_dirs):
+        by_label[label].append(run_dir)
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(4 * len(PANELS), 3.4), squeeze=False)
+    for ax, (metric, title, from_eval) in zip(axes[0], PANELS):
+        for label, dirs in by_label.items():
+            series = [curves(d, metric, from_eval) for d in dirs]
+            series = [(s, v) for s, v in series if len(s)]
+            if not series:
+                continue
+            steps = series[0][0][:min(len(s) for s, _ in series)]  # the steps every seed reached
+            values = np.stack([v[:len(steps)] for _, v in series])
+            runs = f" ({len(series)} runs)" if len(series) > 1 else ""
+            (line,) = ax.plot(steps, values.mean(0), label=label + runs)
+            if len(series) > 1:
+                ax.fill_between(steps, values.min(0), values.max(0), color=line.get_color(), alpha=0.2)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def compare(paths: list[Path], out: Path | None = None) -> tuple[Path, str]:
+    run_dirs = run_dirs_under(paths)
+    if not run_dirs:
+        raise UserError(f"no run directories (with metrics.jsonl) under {' '.join(map(str, paths))}")
+    if out is None:
+        out = (paths[0] if len(paths) == 1 and paths[0] not in run_dirs else Path(".")) / "comparison.png"
+    fig = plot_comparison(run_dirs)
+    fig.savefig(out, dpi=110)
+    return out, format_table([summarize_run(d) for d in run_dirs])
