@@ -20,7 +20,8 @@ def scalars(row: dict) -> dict:
 def test_offline_wandb_run_holds_the_config_and_every_metric(rlft, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")  # no network: the run is written under the run dir
     run = tmp_path / "run"
-    rlft("train", f"hydra.run.dir={run}", "logger=wandb", "algo=dapo", "logger.tags=[mine]", *SHORT)
+    rlft("train", f"hydra.run.dir={run}", "logger=wandb", "algo=dapo", "logger.tags=[mine]",
+         "logger.log_model=true", *SHORT)
     logged = read_offline_run(run)
     saved = OmegaConf.to_container(OmegaConf.load(run / "config.yaml"))
     assert {k: logged["config"][k] for k in saved} == saved
@@ -35,6 +36,8 @@ def test_offline_wandb_run_holds_the_config_and_every_metric(rlft, tmp_path, mon
         assert theirs.keys() == expected.keys()
         for key, value in expected.items():
             assert math.isclose(theirs[key], value, rel_tol=1e-12, abs_tol=1e-15), key
+    models = [a for a in logged["artifacts"] if a.type == "model"]
+    assert len(models) == 1 and "model.safetensors" in {f.path for f in models[0].manifest.contents}
     evals = [h for h in logged["history"] if "eval/accuracy" in h]
     assert evals and all(h["eval/samples/_type"] == "table-file" and h["eval/samples/nrows"] == 4 for h in evals)
 
@@ -44,6 +47,13 @@ def test_logger_mode_disabled_writes_no_wandb_run(rlft, tmp_path):
     rlft("train", f"hydra.run.dir={run}", "logger=wandb", "logger.mode=disabled", "trainer.steps=1",
          "trainer.eval_every=1", *TINY_RUN)
     assert read_metrics(run) and not list(run.glob("wandb/offline-run-*"))
+
+
+def test_without_log_model_no_model_artifact(rlft, tmp_path):
+    run = tmp_path / "run"
+    rlft("train", f"hydra.run.dir={run}", "logger=wandb", "logger.mode=offline", "trainer.steps=1",
+         "trainer.eval_every=1", *TINY_RUN)
+    assert not [a for a in read_offline_run(run)["artifacts"] if a.type == "model"]
 
 
 def test_multirun_runs_share_a_group_and_differ_in_tags(rlft, tmp_path):

@@ -34,9 +34,10 @@ def records(path: Path):
 
 
 def read_offline_run(run_dir: Path) -> dict:
-    """{"run": the run record, "config": {key: value}, "history": [ {metric: value} per log call ]}."""
+    """{"run": the run record, "config": {key: value}, "history": [{metric: value} per log call],
+    "artifacts": the artifact records}."""
     (path,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
-    out = {"run": None, "config": {}, "history": []}
+    out = {"run": None, "config": {}, "history": [], "artifacts": []}
     for record in records(path):
         kind = record.WhichOneof("record_type")
         if kind == "run":
@@ -44,6 +45,8 @@ def read_offline_run(run_dir: Path) -> dict:
             out["config"].update({i.key: json.loads(i.value_json) for i in record.run.config.update})
         elif kind == "config":
             out["config"].update({i.key: json.loads(i.value_json) for i in record.config.update})
+        elif kind == "artifact":
+            out["artifacts"].append(record.artifact)
         elif kind == "history":
             out["history"].append({i.key or "/".join(i.nested_key): json.loads(i.value_json)
                                    for i in record.history.item})
