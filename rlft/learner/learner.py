@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from transformers import PreTrainedModel
 
 from rlft.algos.losses import policy_loss
@@ -31,9 +32,16 @@ class TrainBatch:
 
 
 class Learner:
+    """`group`: a torch.distributed group of learner ranks (data parallel). Every rank is handed the whole
+    batch and trains on its share of the rows; the loss is normalised by the whole batch's token and
+    sequence counts, so summing the ranks' gradients gives exactly the one-rank gradient, and every rank
+    takes the same optimizer step."""
+
     def __init__(self, model: PreTrainedModel, lr: float, weight_decay: float, betas: tuple[float, float],
-                 eps: float, max_grad_norm: float):
+                 eps: float, max_grad_norm: float, group: dist.ProcessGroup | None = None):
         self.model = model
+        self.group = group
+        self.rank, self.world = (dist.get_rank(group), dist.get_world_size(group)) if group else (0, 1)
         for module in model.modules():  # RL ratios assume the same function in every pass
             if isinstance(module, torch.nn.Dropout):
                 module.p = 0.0
@@ -55,12 +63,16 @@ class Learner:
         """
         num_tokens = int(batch.loss_mask.sum())
         num_sequences = int((batch.loss_mask.sum(-1) > 0).sum())
+        if batch.size < self.world:
+            raise ValueError(f"a batch of {batch.size} rows cannot feed {self.world} learner ranks")
+        share = -(-batch.size // self.world)
+        mine = range(self.rank * share, min(batch.size, (self.rank + 1) * share))
         old_logp = torch.zeros_like(batch.rollout_logprobs)
         totals = _StepMetrics()
         grad_norms, entropy_sum = [], 0.0
         for epoch in range(ppo_epochs):
-            for start in range(0, batch.size, micro_batch_size):
-                rows = slice(start, start + micro_batch_size)
+            for start in range(mine.start, mine.stop, micro_batch_size):
+                rows = slice(start, min(start + micro_batch_size, mine.stop))
                 first_epoch = epoch == 0
                 out = response_logprobs(self.model, batch.prompt_ids[rows], batch.prompt_mask[rows],
                                         batch.response_ids[rows], batch.response_mask[rows], temperature,
@@ -77,18 +89,36 @@ class Learner:
                 if first_epoch:
                     entropy_sum += float((out[1] * batch.loss_mask[rows]).sum())
                 totals.add(metrics | {"loss": loss.item()}, tokens=float(batch.loss_mask[rows].sum()))
+            if self.group is not None:
+                self._sum_gradients()
             grad_norms.append(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm).item())
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
+        mask = batch.response_mask[mine.start:mine.stop].bool()
+        diff = (old_logp - batch.rollout_logprobs)[mine.start:mine.stop].abs()[mask]
+        diff_sum, diff_count = float(diff.sum()), float(diff.numel())
+        diff_max = float(diff.max()) if diff.numel() else 0.0
+        if self.group is not None:
+            totals.reduce(self.group)
+            entropy_sum, diff_sum, diff_count = _all_reduce([entropy_sum, diff_sum, diff_count], self.group)
+            (diff_max,) = _all_reduce([diff_max], self.group, dist.ReduceOp.MAX)
         out = totals.result(ppo_epochs)
         out["entropy"] = entropy_sum / max(num_tokens, 1)  # of the old policy, over the loss tokens
         out["grad_norm"] = sum(grad_norms) / len(grad_norms)
         out["tokens"] = num_tokens
-        mask = batch.response_mask.bool()
-        diff = (old_logp - batch.rollout_logprobs).abs()[mask]
-        out["logprob_diff_mean"] = diff.mean().item() if diff.numel() else 0.0
-        out["logprob_diff_max"] = diff.max().item() if diff.numel() else 0.0
+        out["logprob_diff_mean"] = diff_sum / diff_count if diff_count else 0.0
+        out["logprob_diff_max"] = diff_max
         return out
+
+    def _sum_gradients(self) -> None:
+        """Each rank's loss is its share of the whole batch's loss: the gradients add up (not average)."""
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        flat = torch.cat([p.grad.reshape(-1) for p in self.params])
+        dist.all_reduce(flat, group=self.group)
+        for p, g in zip(self.params, flat.split([p.numel() for p in self.params])):
+            p.grad.copy_(g.view_as(p))
 
 
 class _StepMetrics:
@@ -113,6 +143,25 @@ class _StepMetrics:
                 weight = 1.0 if key in self.SUMMED else tokens
                 self.sums[key] = self.sums.get(key, 0.0) + value * weight
 
+    def reduce(self, group: dist.ProcessGroup) -> None:
+        """Combine the ranks' partial metrics (every rank trains on at least one row: same keys)."""
+        sums = sorted(self.sums)
+        lows = sorted(k for k in self.extremes if k.endswith("_min"))
+        highs = sorted(k for k in self.extremes if k.endswith("_max"))
+        *summed, self.tokens = _all_reduce([self.sums[k] for k in sums] + [self.tokens], group)
+        self.sums = dict(zip(sums, summed))
+        low = _all_reduce([self.extremes[k] for k in lows], group, dist.ReduceOp.MIN)
+        high = _all_reduce([self.extremes[k] for k in highs], group, dist.ReduceOp.MAX)
+        self.extremes = dict(zip(lows, low)) | dict(zip(highs, high))
+
     def result(self, epochs: int) -> dict[str, float]:
         out = {k: v / epochs if k in self.SUMMED else v / max(self.tokens, 1.0) for k, v in self.sums.items()}
         return out | self.extremes
+
+
+def _all_reduce(values: list[float], group: dist.ProcessGroup, op=dist.ReduceOp.SUM) -> list[float]:
+    if not values:
+        return []
+    tensor = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(tensor, op=op, group=group)
+    return tensor.tolist()
