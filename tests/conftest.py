@@ -1,5 +1,6 @@
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,13 @@ def run_rlft(*args: str, cwd: Path | None = None, check: bool = True) -> subproc
     if check and proc.returncode != 0:
         raise AssertionError(f"rlft {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def free_port() -> int:
+    """A TCP port free now on localhost, for a torch.distributed store in a test."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

