@@ -2,6 +2,9 @@
 
 A checkpoint is written into a temporary folder and renamed into place, then `latest` is replaced
 atomically, so a crash or Ctrl-C at any moment leaves the previous checkpoint whole.
+
+It holds the full (unsharded) weights and optimizer state, so it resumes on any number of learner ranks,
+sharded (FSDP) or not: the learner gathers them to rank 0 to save, and every rank reads them to load.
 """
 
 from __future__ import annotations
@@ -26,16 +29,17 @@ class TrainerState:
     torch_rng: torch.Tensor
 
 
-def save_checkpoint(run_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+def save_checkpoint(run_dir: Path, weights: dict[str, torch.Tensor], optimizer_state: dict,
                     state: TrainerState, keep: int) -> Path:
+    """`weights`: parameter name -> full tensor; `optimizer_state`: a torch optimizer state_dict()."""
     root = run_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     name = f"step_{state.step:06d}"
     tmp = root / f".{name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    save_file({k: v.detach().contiguous() for k, v in model.named_parameters()}, tmp / "model.safetensors")
-    opt_tensors, opt_groups = _flatten_optimizer(optimizer)
+    save_file({k: v.detach().contiguous() for k, v in weights.items()}, tmp / "model.safetensors")
+    opt_tensors, opt_groups = _flatten_optimizer(optimizer_state)
     save_file(opt_tensors | {"rng.rollout": state.rollout_rng, "rng.torch": state.torch_rng},
               tmp / "trainer_state.safetensors")
     meta = {"step": state.step, "sampler_position": state.sampler_position, "optimizer_param_groups": opt_groups}
@@ -58,24 +62,21 @@ def latest_checkpoint(run_dir: Path) -> Path:
     return run_dir / "checkpoints" / pointer.read_text().strip()
 
 
-def load_checkpoint(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> TrainerState:
+def load_checkpoint(folder: Path, param_names: list[str]) -> tuple[dict[str, torch.Tensor], dict, TrainerState]:
+    """(weights, optimizer state_dict, trainer state); raises ConfigError when the weights' names are not
+    `param_names` (a checkpoint of another model)."""
     weights = load_file(folder / "model.safetensors")
-    params = dict(model.named_parameters())
-    if set(weights) != set(params):
+    if set(weights) != set(param_names):
         raise ConfigError(f"checkpoint {folder} does not match the model "
-                          f"(differs in {sorted(set(weights) ^ set(params))[:5]})")
-    with torch.no_grad():
-        for name, tensor in weights.items():
-            params[name].copy_(tensor)
+                          f"(differs in {sorted(set(weights) ^ set(param_names))[:5]})")
     tensors = load_file(folder / "trainer_state.safetensors")
     meta = json.loads((folder / "trainer_state.json").read_text())
-    optimizer.load_state_dict(_unflatten_optimizer(tensors, meta["optimizer_param_groups"]))
-    return TrainerState(step=meta["step"], sampler_position=meta["sampler_position"],
-                        rollout_rng=tensors["rng.rollout"], torch_rng=tensors["rng.torch"])
+    optimizer_state = _unflatten_optimizer(tensors, meta["optimizer_param_groups"])
+    return weights, optimizer_state, TrainerState(step=meta["step"], sampler_position=meta["sampler_position"],
+                                                  rollout_rng=tensors["rng.rollout"], torch_rng=tensors["rng.torch"])
 
 
-def _flatten_optimizer(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list[dict]]:
-    sd = optimizer.state_dict()
+def _flatten_optimizer(sd: dict) -> tuple[dict[str, torch.Tensor], list[dict]]:
     tensors = {f"optim.{index}.{key}": value.contiguous() for index, slots in sd["state"].items()
                for key, value in slots.items()}
     return tensors, sd["param_groups"]

@@ -51,7 +51,7 @@ def train_command(overrides: list[str]) -> int:
     from omegaconf import DictConfig, OmegaConf
 
     from rlft.config import RunConfig, register_schemas
-    from rlft.errors import UserError
+    from rlft.errors import UserError, WorkerDied
 
     register_schemas()
     quiet_transformers()
@@ -73,7 +73,7 @@ def train_command(overrides: list[str]) -> int:
             if HydraConfig.get().mode == RunMode.MULTIRUN:
                 label_sweep_run(cfg, HydraConfig.get(), swept)
             summary = train(cfg, Path(HydraConfig.get().runtime.output_dir))
-        except UserError as err:
+        except (UserError, WorkerDied) as err:
             raise _UserFailure(str(err)) from None  # a BaseException: Hydra lets it through unprinted
         return summary.get("accuracy_after")
 
@@ -143,14 +143,19 @@ def _resumed_config(dcfg, task_overrides):
 
     run_dir = Path(dcfg.resume)
     saved = run_dir / "config.yaml"
-    dotlist = []
+    dotlist, new_hardware = [], False
     for item in task_overrides:
         key = item.lstrip("+").split("=", 1)[0]
-        if key in GROUPS:
-            raise ConfigError(f"resume: '{item}' would change the run's {key}; resume keeps its config groups")
-        if key not in ("resume", "hydra.run.dir"):
+        if key == "hardware":  # where it runs is not what it computes: a checkpoint resumes on any placement
+            new_hardware = True
+        elif key in GROUPS:
+            raise ConfigError(f"resume: '{item}' would change the run's {key}; resume keeps its config groups "
+                              "(hardware= excepted)")
+        elif key not in ("resume", "hydra.run.dir"):
             dotlist.append(item.lstrip("+"))
-    merged = OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.load(saved), OmegaConf.from_dotlist(dotlist))
+    hardware = OmegaConf.create({"hardware": dcfg.hardware}) if new_hardware else OmegaConf.create()
+    merged = OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.load(saved), hardware,
+                             OmegaConf.from_dotlist(dotlist))
     merged.resume = str(run_dir)
     # Stopping early belongs to one invocation, not to the run.
     merged.trainer.exit_after_step = dcfg.trainer.exit_after_step

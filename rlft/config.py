@@ -19,6 +19,7 @@ DEVICES = ("cpu", "cuda")
 DTYPES = ("float32", "bfloat16", "float16")
 ENGINES = ("hf", "vllm")
 WEIGHT_SYNCS = ("rpc", "broadcast")
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 
 @dataclass
@@ -110,8 +111,20 @@ class RolloutConfig:
 
 @dataclass
 class HardwareConfig:
+    """Where the learner and the rollout engine run: one process (ray=false), or Ray actors placed by a
+    placement group (ray=true), the learner ranks forming a torch.distributed group (gloo/NCCL)."""
     device: str = "cpu"
-    num_threads: Optional[int] = None      # torch threads; null = the cores this process may use
+    num_threads: Optional[int] = None      # torch threads per process; null = the cores it may use
+    ray: bool = False                      # rollout workers and learner ranks as Ray actors
+    ray_address: Optional[str] = None      # null: start a Ray instance here; "auto" or host:port: join a cluster
+    learner_ranks: int = 1                 # data-parallel learner actors (one GPU each on cuda)
+    rollout_workers: int = 1               # rollout actors; the prompts of a step are split between them
+    fsdp: bool = False                     # shard the learner ranks' weights and optimizer (FSDP2)
+    cpus_per_actor: int = 1
+    gpus_per_rollout_worker: int = 1       # cuda: = rollout.tensor_parallel_size
+    placement_strategy: str = "PACK"       # Ray placement group: PACK, SPREAD, STRICT_PACK, STRICT_SPREAD
+    max_rollout_restarts: int = 3          # a rollout actor that dies is replaced, this often per call
+    placement_timeout_s: float = 120.0     # how long to wait for the cluster to grant the resources
 
 
 @dataclass
@@ -193,7 +206,7 @@ def validate(cfg: RunConfig) -> None:
     _choice("algo.kl_estimator", a.kl_estimator, KL_ESTIMATORS)
     _choice("model.dtype", cfg.model.dtype, DTYPES)
     _choice("rollout.engine", r.engine, ENGINES)
-    _choice("hardware.device", cfg.hardware.device, DEVICES)
+    _validate_hardware(cfg)
     if a.eps_high_schedule is not None:
         _choice("algo.eps_high_schedule.kind", a.eps_high_schedule.kind, ("linear", "cosine"))
     _at_least("algo.group_size", a.group_size, 2)
@@ -247,6 +260,34 @@ def validate(cfg: RunConfig) -> None:
                           f"or null (got {a.overlong.buffer})")
     if cfg.data.name == "jsonl" and not cfg.data.path:
         raise ConfigError("data.path is required with data=jsonl")
+
+
+def _validate_hardware(cfg: RunConfig) -> None:
+    h, r = cfg.hardware, cfg.rollout
+    _choice("hardware.device", h.device, DEVICES)
+    _choice("hardware.placement_strategy", h.placement_strategy, PLACEMENT_STRATEGIES)
+    for key in ("learner_ranks", "rollout_workers", "cpus_per_actor"):
+        _at_least(f"hardware.{key}", getattr(h, key), 1)
+    _at_least("hardware.max_rollout_restarts", h.max_rollout_restarts, 0)
+    if not h.ray and (h.learner_ranks > 1 or h.rollout_workers > 1 or h.ray_address):
+        raise ConfigError("hardware.learner_ranks > 1, hardware.rollout_workers > 1 and hardware.ray_address "
+                          "need hardware.ray=true (e.g. hardware=cpu_ray)")
+    if h.fsdp and h.learner_ranks < 2:
+        raise ConfigError("hardware.fsdp shards over learner ranks: it needs hardware.learner_ranks >= 2")
+    if h.ray and r.weight_sync == "broadcast":
+        raise ConfigError("with hardware.ray the rollout actors always receive weights by broadcast from learner "
+                          "rank 0; leave rollout.weight_sync=rpc (how each actor hands them to its engine)")
+    if h.ray and r.enable_sleep_mode:
+        raise ConfigError("rollout.enable_sleep_mode is for one process sharing a GPU (hardware=1gpu_colocated); "
+                          "Ray actors each have their own GPUs")
+    if h.device == "cuda" and r.engine == "vllm" and h.gpus_per_rollout_worker != r.tensor_parallel_size and h.ray:
+        raise ConfigError(f"hardware.gpus_per_rollout_worker={h.gpus_per_rollout_worker} must equal "
+                          f"rollout.tensor_parallel_size={r.tensor_parallel_size}: vLLM shards over the actor's GPUs")
+    batch = cfg.trainer.prompts_per_step * cfg.algo.group_size
+    if batch < h.learner_ranks or cfg.trainer.prompts_per_step < h.rollout_workers:
+        raise ConfigError(f"{cfg.trainer.prompts_per_step} prompts/step x {cfg.algo.group_size} = {batch} responses "
+                          f"cannot feed hardware.learner_ranks={h.learner_ranks} and "
+                          f"hardware.rollout_workers={h.rollout_workers} (one prompt each at least)")
 
 
 def _choice(key: str, value: str, allowed: tuple[str, ...]) -> None:

@@ -8,3 +8,7 @@ class ConfigError(UserError):
 
 class RewardError(UserError):
     """A reward function raised; the message names the function and the sample."""
+
+
+class WorkerDied(RuntimeError):
+    """A learner rank (or a rollout worker past its restarts) died; the last checkpoint is intact."""

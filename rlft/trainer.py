@@ -18,21 +18,20 @@ from omegaconf import OmegaConf
 from rlft.algos.advantages import group_advantages
 from rlft.algos.losses import kl_penalty
 from rlft.collect import Overlong, collect_groups
-from rlft.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
+from rlft.checkpoint import TrainerState, latest_checkpoint
 from rlft.config import RunConfig, validate
 from rlft.data import load_task
 from rlft.data.sampler import PromptSampler
 from rlft.data.types import Problem
-from rlft.errors import RewardError
-from rlft.learner.learner import Learner, TrainBatch
-from rlft.learner.logprobs import response_logprobs
-from rlft.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
+from rlft.errors import RewardError, WorkerDied
+from rlft.learner.learner import TrainBatch
+from rlft.learner.worker import LearnerWorker
+from rlft.models.loading import load_tokenizer, resolve_model_path
 from rlft.monitor import Monitor, read_metrics, truncate_metrics
 from rlft.wandb_sink import WandbSink
 from rlft.rewards import REWARDS, exact_match, score
 from rlft.rollout import build_engine
 from rlft.rollout.base import RolloutEngine, SamplingParams
-from rlft.sync import push_weights
 
 
 def train(cfg: RunConfig, run_dir: Path) -> dict:
@@ -43,19 +42,30 @@ def train(cfg: RunConfig, run_dir: Path) -> dict:
     reward_fn = REWARDS.get(cfg.reward.name)
     resume_from = latest_checkpoint(Path(cfg.resume)) if cfg.resume else None
 
-    # ---- Build the parts.
+    # ---- Build the parts: learner and rollout engine in this process, or as Ray actors (hardware.ray).
     torch.set_num_threads(cfg.hardware.num_threads or len(os.sched_getaffinity(0)))
     torch.manual_seed(cfg.seed)
-    algo, rollout_cfg, trainer_cfg = cfg.algo, cfg.rollout, cfg.trainer
     device = cfg.hardware.device
     tokenizer = load_tokenizer(model_path)
-    learner = Learner(load_causal_lm(model_path, cfg.model.dtype, device), lr=cfg.optim.lr,
-                      weight_decay=cfg.optim.weight_decay, betas=tuple(cfg.optim.betas), eps=cfg.optim.eps,
-                      max_grad_norm=cfg.optim.max_grad_norm)
-    reference = None
-    if algo.kl_coef > 0:  # beta = 0 loads no reference model at all
-        reference = load_causal_lm(model_path, cfg.model.dtype, device).eval().requires_grad_(False)
-    engine = build_engine(rollout_cfg, model_path, cfg.model.dtype, device, tokenizer, seed=cfg.seed)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cluster = None
+    if cfg.hardware.ray:
+        from rlft.cluster import RayCluster
+        cluster = RayCluster(cfg, model_path, run_dir)
+        learner, engine = cluster.learner, cluster.engine
+    else:
+        learner = LearnerWorker(cfg, model_path)
+        engine = build_engine(cfg.rollout, model_path, cfg.model.dtype, device, tokenizer, seed=cfg.seed)
+    try:
+        return _run(cfg, run_dir, learner, engine, tokenizer, train_problems, held_out, reward_fn, resume_from)
+    finally:
+        if cluster is not None:
+            cluster.shutdown()
+
+
+def _run(cfg: RunConfig, run_dir: Path, learner, engine: RolloutEngine, tokenizer, train_problems, held_out,
+         reward_fn, resume_from) -> dict:
+    algo, rollout_cfg, trainer_cfg, device = cfg.algo, cfg.rollout, cfg.trainer, cfg.hardware.device
     sampler = PromptSampler(train_problems, seed=cfg.seed)
     sampling = SamplingParams(n=algo.group_size, temperature=rollout_cfg.temperature,
                               top_p=rollout_cfg.top_p, max_new_tokens=rollout_cfg.max_new_tokens)
@@ -72,17 +82,17 @@ def train(cfg: RunConfig, run_dir: Path) -> dict:
     def decode(ids: torch.Tensor) -> list[str]:
         return tokenizer.batch_decode(ids, skip_special_tokens=True)
 
-    run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
     start_step = 0
     if resume_from is not None:
-        state = load_checkpoint(resume_from, learner.model, learner.optimizer)
+        state = learner.load_checkpoint(resume_from)
         sampler.position = state.sampler_position
-        engine.set_rng_state(state.rollout_rng)
+        rollout_rng = state.rollout_rng  # [workers, S] from a run with several rollout workers
+        engine.set_rng_state(rollout_rng if cfg.hardware.ray or rollout_rng.dim() == 1 else rollout_rng[0])
         torch.set_rng_state(state.torch_rng)
         start_step = state.step
         truncate_metrics(run_dir / "metrics.jsonl", start_step)
-        push_weights(learner.model, engine)
+        learner.push_weights(engine)
     monitor = Monitor(run_dir, trainer_cfg.steps, start_step, cfg.logger.console, cfg.logger.jsonl,
                       wandb=WandbSink(cfg, run_dir) if cfg.logger.wandb else None)
     monitor.print(describe_batch(cfg, len(train_problems), len(held_out), micro_batch, start_step))
@@ -99,7 +109,7 @@ def train(cfg: RunConfig, run_dir: Path) -> dict:
         if step % trainer_cfg.save_every == 0 or step == trainer_cfg.steps or stopping:
             state = TrainerState(step=step, sampler_position=sampler.position,
                                  rollout_rng=engine.rng_state(), torch_rng=torch.get_rng_state())
-            save_checkpoint(run_dir, learner.model, learner.optimizer, state, trainer_cfg.keep_checkpoints)
+            learner.save_checkpoint(run_dir, state, trainer_cfg.keep_checkpoints)
             saved.append(step)
         return stopping
 
@@ -130,12 +140,8 @@ def train(cfg: RunConfig, run_dir: Path) -> dict:
 
             # ---- 4. Reference log-probs for the KL penalty (in the loss, or in the reward).
             t = time.perf_counter()
-            ref_logp = None
-            if reference is not None:
-                with torch.no_grad():
-                    ref_logp = response_logprobs(reference, rollout.prompt_ids, rollout.prompt_mask,
-                                                 rollout.response_ids, rollout.response_mask,
-                                                 rollout_cfg.temperature).cpu()
+            ref_logp = learner.reference_logprobs(rollout, rollout_cfg.temperature)  # None when kl_coef = 0
+            if ref_logp is not None:
                 if algo.kl_in_reward:
                     kl = kl_penalty(rollout.logprobs, ref_logp, algo.kl_estimator) * rollout.response_mask
                     rewards = rewards - algo.kl_coef * kl.sum(-1)
@@ -160,7 +166,7 @@ def train(cfg: RunConfig, run_dir: Path) -> dict:
             train_seconds = time.perf_counter() - t
 
             # ---- 7. Push the new weights to the rollout engine.
-            sync = push_weights(learner.model, engine)
+            sync = learner.push_weights(engine)
 
             # ---- 8. Log, evaluate, checkpoint.
             lengths = rollout.response_lengths.float()
@@ -168,7 +174,7 @@ def train(cfg: RunConfig, run_dir: Path) -> dict:
                    "train/accuracy": scored.correct.mean().item(),
                    "train/clip_frac": train_metrics.get("clip_frac_low", 0.0) + train_metrics.get("clip_frac_high", 0.0),
                    **{f"train/{k}": v for k, v in train_metrics.items() if not k.startswith("logprob_diff")},
-                   "train/lr": learner.optimizer.param_groups[0]["lr"],
+                   "train/lr": learner.lr,
                    "rollout/response_len_mean": lengths.mean().item(),
                    "rollout/response_len_max": lengths.max().item(),
                    "rollout/truncated_frac": rollout.truncated.float().mean().item(),
@@ -188,12 +194,12 @@ def train(cfg: RunConfig, run_dir: Path) -> dict:
     except KeyboardInterrupt:
         monitor.close()
         raise SystemExit(f"\ninterrupted during step {step}; {_resume_hint(run_dir, saved[-1])}") from None
-    except RewardError as err:
+    except (RewardError, WorkerDied) as err:
         monitor.close()
-        raise RewardError(f"{err} [step {step}; {_resume_hint(run_dir, saved[-1])}]") from err
+        raise type(err)(f"{err} [step {step}; {_resume_hint(run_dir, saved[-1])}]") from err
 
     if step == trainer_cfg.steps:
-        learner.model.save_pretrained(run_dir / "final_model")
+        learner.save_model(run_dir / "final_model")
         tokenizer.save_pretrained(run_dir / "final_model")
         monitor.log_model(run_dir / "final_model")
     monitor.close()

@@ -1,5 +1,7 @@
-"""Data-parallel learner ranks over gloo: 2 ranks take exactly the 1-rank optimizer steps."""
+"""Data-parallel learner ranks over gloo, replicated or sharded (FSDP2): 2 ranks take exactly the 1-rank
+optimizer steps, and a full checkpoint state taken on 2 sharded ranks loads on 1."""
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -14,30 +16,40 @@ STEPS = dict(ppo_epochs=2, micro_batch_size=3, temperature=1.0, max_response_len
 SETTINGS_DAPO = SETTINGS | {"eps_high": 0.28, "loss_agg": "seq_mean_token_mean"}
 
 
-def train(path, batch, group=None) -> tuple[dict, list[dict]]:
-    model = Learner(load_causal_lm(path, "float32", "cpu"), lr=1e-3, weight_decay=0.0, betas=(0.9, 0.999),
-                    eps=1e-8, max_grad_norm=1.0, group=group)
-    metrics = [model.update(batch, loss_settings=s, **STEPS) for s in (SETTINGS, SETTINGS_DAPO, SETTINGS)]
-    return {n: p.detach().clone() for n, p in model.model.named_parameters()}, metrics
+def make_learner(path, group=None, fsdp=False) -> Learner:
+    return Learner(load_causal_lm(path, "float32", "cpu"), lr=1e-3, weight_decay=0.0, betas=(0.9, 0.999),
+                   eps=1e-8, max_grad_norm=1.0, group=group, fsdp=fsdp)
 
 
-def rank_main(rank: int, port: int, out: str) -> None:
+def train(learner: Learner, batch, settings=(SETTINGS, SETTINGS_DAPO, SETTINGS)) -> list[dict]:
+    return [learner.update(batch, loss_settings=s, **STEPS) for s in settings]
+
+
+def rank_main(rank: int, port: int, out: str, fsdp: bool) -> None:
     # the batch comes from the parent: sampling it here could differ by thread count
     path, batch = torch.load(f"{out}.batch", weights_only=False)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    weights, metrics = train(path, batch, dist.group.WORLD)
-    save_file(weights, f"{out}.{rank}")
+    learner = make_learner(path, dist.group.WORLD, fsdp)
+    metrics = train(learner, batch)
+    weights = {n: t.clone() for n, t in learner.full_weights().items()}  # a collective under FSDP
+    optimizer_state = learner.full_optimizer_state()
+    if weights:
+        save_file(weights, f"{out}.{rank}")
+        torch.save(optimizer_state, f"{out}.{rank}.optimizer")
     torch.save(metrics, f"{out}.{rank}.metrics")
     dist.destroy_process_group()
 
 
-def test_two_ranks_train_like_one(tmp_path):
+@pytest.mark.parametrize("fsdp", [False, True], ids=["replicated", "fsdp"])
+def test_two_ranks_train_like_one(tmp_path, fsdp):
     out = str(tmp_path / "rank")
     path, batch = batch_and_path()
     torch.save((path, batch), f"{out}.batch")
-    mp.start_processes(rank_main, args=(free_port(), out), nprocs=2, start_method="spawn", join=True)
-    one_weights, one_metrics = train(path, batch)
-    for rank in (0, 1):
+    mp.start_processes(rank_main, args=(free_port(), out, fsdp), nprocs=2, start_method="spawn", join=True)
+    one = make_learner(path)
+    one_metrics = train(one, batch)
+    one_weights = {n: p.detach().clone() for n, p in one.model.named_parameters()}
+    for rank in (0,) if fsdp else (0, 1):  # under FSDP rank 0 alone gathers the full weights
         weights, metrics = load_file(f"{out}.{rank}"), torch.load(f"{out}.{rank}.metrics")
         for name, tensor in one_weights.items():
             if name.endswith("k_proj.bias"):
@@ -53,3 +65,22 @@ def test_two_ranks_train_like_one(tmp_path):
     changed = load_file(f"{out}.0")
     start = dict(load_causal_lm(path, "float32", "cpu").named_parameters())
     assert any(not torch.equal(changed[n], start[n]) for n in start)
+
+
+def test_sharded_state_resumes_on_one_rank(tmp_path):
+    """The full state gathered from 2 FSDP ranks, loaded on 1 unsharded rank, trains on like the 1-rank
+    learner that never stopped."""
+    out = str(tmp_path / "rank")
+    path, batch = batch_and_path()
+    torch.save((path, batch), f"{out}.batch")
+    mp.start_processes(rank_main, args=(free_port(), out, True), nprocs=2, start_method="spawn", join=True)
+    resumed = make_learner(path)
+    resumed.load_full_state(load_file(f"{out}.0"), torch.load(f"{out}.0.optimizer"))
+    straight = make_learner(path)
+    train(straight, batch)
+    assert resumed.optimizer.state_dict()["state"].keys() == straight.optimizer.state_dict()["state"].keys()
+    after_resumed, after_straight = train(resumed, batch, (SETTINGS,)), train(straight, batch, (SETTINGS,))
+    assert abs(after_resumed[0]["loss"] - after_straight[0]["loss"]) <= 1e-4 * max(1.0, abs(after_straight[0]["loss"]))
+    for (name, a), (_, b) in zip(resumed.model.named_parameters(), straight.model.named_parameters()):
+        if not name.endswith("k_proj.bias"):
+            assert torch.allclose(a, b, atol=3e-5, rtol=0), name

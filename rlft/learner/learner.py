@@ -35,17 +35,27 @@ class Learner:
     """`group`: a torch.distributed group of learner ranks (data parallel). Every rank is handed the whole
     batch and trains on its share of the rows; the loss is normalised by the whole batch's token and
     sequence counts, so summing the ranks' gradients gives exactly the one-rank gradient, and every rank
-    takes the same optimizer step."""
+    takes the same optimizer step.
+
+    `fsdp`: shard parameters, gradients and optimizer state over the group (FSDP2 `fully_shard`, one unit
+    per decoder layer); gradients are then reduce-scattered by FSDP itself, summed as above.
+    """
 
     def __init__(self, model: PreTrainedModel, lr: float, weight_decay: float, betas: tuple[float, float],
-                 eps: float, max_grad_norm: float, group: dist.ProcessGroup | None = None):
+                 eps: float, max_grad_norm: float, group: dist.ProcessGroup | None = None, fsdp: bool = False):
+        if fsdp and group is None:
+            raise ValueError("fsdp needs a group of learner ranks")
         self.model = model
         self.group = group
+        self.fsdp = fsdp
         self.rank, self.world = (dist.get_rank(group), dist.get_world_size(group)) if group else (0, 1)
         for module in model.modules():  # RL ratios assume the same function in every pass
             if isinstance(module, torch.nn.Dropout):
                 module.p = 0.0
         self.model.train()
+        self.param_names = [name for name, p in model.named_parameters() if p.requires_grad]
+        if fsdp:
+            _shard(model, group)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=weight_decay, betas=betas, eps=eps)
         self.max_grad_norm = max_grad_norm
@@ -65,14 +75,22 @@ class Learner:
         num_sequences = int((batch.loss_mask.sum(-1) > 0).sum())
         if batch.size < self.world:
             raise ValueError(f"a batch of {batch.size} rows cannot feed {self.world} learner ranks")
-        share = -(-batch.size // self.world)
-        mine = range(self.rank * share, min(batch.size, (self.rank + 1) * share))
+        mine = rank_rows(batch.size, self.rank, self.world)
+        share = len(rank_rows(batch.size, 0, self.world))  # the largest share
         old_logp = torch.zeros_like(batch.rollout_logprobs)
         totals = _StepMetrics()
         grad_norms, entropy_sum = [], 0.0
+        # FSDP gathers weights in every forward: each rank must run as many passes as the largest share
+        passes = -(-share // micro_batch_size) if self.fsdp else -(-len(mine) // micro_batch_size)
         for epoch in range(ppo_epochs):
-            for start in range(mine.start, mine.stop, micro_batch_size):
+            for index in range(passes):
+                start = mine.start + index * micro_batch_size
                 rows = slice(start, min(start + micro_batch_size, mine.stop))
+                if self.fsdp:  # reduce-scatter the accumulated gradients once, after the last pass
+                    self.model.set_requires_gradient_sync(index == passes - 1)
+                if rows.start >= rows.stop:  # a rank with fewer rows: a pass that adds nothing
+                    self._empty_pass(batch, temperature)
+                    continue
                 first_epoch = epoch == 0
                 out = response_logprobs(self.model, batch.prompt_ids[rows], batch.prompt_mask[rows],
                                         batch.response_ids[rows], batch.response_mask[rows], temperature,
@@ -85,13 +103,15 @@ class Learner:
                     num_sequences=num_sequences, num_tokens=num_tokens, max_response_len=max_response_len,
                     ref_logp=None if batch.ref_logprobs is None else batch.ref_logprobs[rows],
                     rollout_logp=batch.rollout_logprobs[rows], **loss_settings)
-                loss.backward()
+                # under FSDP the reduce-scatter averages: scaled so that it sums, as _sum_gradients does
+                (loss * self.world if self.fsdp else loss).backward()
                 if first_epoch:
                     entropy_sum += float((out[1] * batch.loss_mask[rows]).sum())
                 totals.add(metrics | {"loss": loss.item()}, tokens=float(batch.loss_mask[rows].sum()))
-            if self.group is not None:
+            if self.group is not None and not self.fsdp:
                 self._sum_gradients()
-            grad_norms.append(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm).item())
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+            grad_norms.append(float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm))
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         mask = batch.response_mask[mine.start:mine.stop].bool()
@@ -110,6 +130,50 @@ class Learner:
         out["logprob_diff_max"] = diff_max
         return out
 
+    def _empty_pass(self, batch: TrainBatch, temperature: float) -> None:
+        logp = response_logprobs(self.model, batch.prompt_ids[:1], batch.prompt_mask[:1], batch.response_ids[:1],
+                                 batch.response_mask[:1], temperature)
+        (logp.sum() * 0.0).backward()
+
+    def full_weights(self) -> dict[str, torch.Tensor]:
+        """Parameter name -> full tensor (tied weights once). Under FSDP a collective: every rank calls it,
+        rank 0 gets the tensors (on CPU), the others an empty dict."""
+        if not self.fsdp:
+            return {name: p.detach() for name, p in self.model.named_parameters()}
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return {name: full[name] for name in self.param_names if name in full}
+
+    def full_optimizer_state(self) -> dict:
+        """The optimizer's state_dict() as one unsharded rank would have it (collective under FSDP)."""
+        if not self.fsdp:
+            return self.optimizer.state_dict()
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+        full = get_optimizer_state_dict(self.model, self.optimizer,
+                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        index = {name: i for i, name in enumerate(self.param_names)}  # FSDP keys by name, torch by position
+        return {"state": {index[name]: slots for name, slots in full.get("state", {}).items()},
+                "param_groups": [g | {"params": [index[n] for n in g["params"]]} for g in full.get("param_groups", [])]}
+
+    def load_full_state(self, weights: dict[str, torch.Tensor], optimizer_state: dict) -> None:
+        """The inverse of full_weights + full_optimizer_state; every rank passes the same full state."""
+        if not self.fsdp:
+            params = dict(self.model.named_parameters())
+            with torch.no_grad():
+                for name, tensor in weights.items():
+                    params[name].copy_(tensor)
+            self.optimizer.load_state_dict(optimizer_state)
+            return
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                             set_optimizer_state_dict)
+        options = StateDictOptions(full_state_dict=True, strict=False)  # tied lm_head comes with the embedding
+        set_model_state_dict(self.model, weights, options=options)
+        names = self.param_names
+        by_name = {"state": {names[i]: slots for i, slots in optimizer_state["state"].items()},
+                   "param_groups": [g | {"params": [names[i] for i in g["params"]]}
+                                    for g in optimizer_state["param_groups"]]}
+        set_optimizer_state_dict(self.model, self.optimizer, by_name, options=options)
+
     def _sum_gradients(self) -> None:
         """Each rank's loss is its share of the whole batch's loss: the gradients add up (not average)."""
         for p in self.params:
@@ -119,6 +183,26 @@ class Learner:
         dist.all_reduce(flat, group=self.group)
         for p, g in zip(self.params, flat.split([p.numel() for p in self.params])):
             p.grad.copy_(g.view_as(p))
+
+
+def rank_rows(rows: int, rank: int, world: int) -> range:
+    """This rank's contiguous rows of a batch: shares as even as can be (the first ones one row more)."""
+    base, extra = divmod(rows, world)
+    start = rank * base + min(rank, extra)
+    return range(start, start + base + (rank < extra))
+
+
+def _shard(model: PreTrainedModel, group: dist.ProcessGroup) -> None:
+    """FSDP2: one shard unit per decoder layer, then the rest (embeddings, norm, head) at the root.
+    FSDP averages the ranks' gradients; the learner scales its loss by the world size to make that a sum
+    (a divide factor of 1 would need PREMUL_SUM, which gloo lacks)."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+    device = next(model.parameters()).device.type
+    mesh = DeviceMesh.from_group(group, device)
+    for layer in getattr(getattr(model, "model", None), "layers", []):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
 
 
 class _StepMetrics:

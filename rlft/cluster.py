@@ -1,0 +1,125 @@
+"""hardware.ray=true: the learner ranks and the rollout workers as Ray actors, placed by one placement group.
+
+    driver (rlft train): prompts, rewards, advantages, logging, the loop of rlft.trainer
+      |-- learner ranks (rlft.learner.remote): a torch.distributed group (NCCL on GPUs, gloo on CPU),
+      |     trajectories from the Ray object store, data parallel or FSDP2
+      |-- rollout workers (rlft.rollout.remote): an engine each (HF or vLLM), weights broadcast to them
+            from learner rank 0 over a group of their own (rlft.sync.broadcast)
+
+Ray starts here (ray_address=null) or is joined ("auto", "host:port"). Actor output reaches the console
+and Ray's log files, linked from the run directory as ray_logs/.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from rlft.config import RunConfig
+from rlft.errors import ConfigError, WorkerDied
+
+# What a test or a user sets in the driver's environment and the actors need too (fault hooks, vLLM knobs).
+FORWARDED_ENV_PREFIXES = ("RLFT_", "VLLM_", "WANDB_", "HF_")
+
+
+class ActorLost(Exception):
+    """A Ray actor died (process exit, node loss, OOM kill) while running a call."""
+
+    def __init__(self, index: int, error: Exception):
+        super().__init__(f"actor {index}: {error}")
+        self.index, self.error = index, error
+
+
+def wait_all(refs: list, role: str = "actor") -> list:
+    """ray.get of every ref, but the first actor death is raised at once (as ActorLost with the ref's index),
+    not after the survivors' calls, which may wait forever on a collective with the dead one."""
+    import ray
+    index = {ref: i for i, ref in enumerate(refs)}
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        try:
+            ray.get(ready[0])
+        except ray.exceptions.RayActorError as err:
+            raise ActorLost(index[ready[0]], err) from err
+    return ray.get(refs)
+
+
+def actor_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIXES)}
+
+
+def actor_options(cfg: RunConfig, placement_group, bundle: int, gpus: int) -> dict:
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+    on_gpu = cfg.hardware.device == "cuda"
+    return dict(num_cpus=cfg.hardware.cpus_per_actor, num_gpus=gpus if on_gpu else 0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group, placement_group_bundle_index=bundle),
+                runtime_env={"env_vars": actor_env()})
+
+
+class RayCluster:
+    """Starts or joins Ray, reserves every actor's resources at once, and builds the two sides."""
+
+    def __init__(self, cfg: RunConfig, model_path: str, run_dir: Path):
+        import ray
+        from ray.util.placement_group import placement_group
+
+        from rlft.learner.remote import RemoteLearner
+        from rlft.rollout.remote import RemoteEngine
+        h = cfg.hardware
+        on_gpu = h.device == "cuda"
+        learner_bundle = {"CPU": h.cpus_per_actor} | ({"GPU": 1} if on_gpu else {})
+        rollout_bundle = {"CPU": h.cpus_per_actor} | ({"GPU": h.gpus_per_rollout_worker} if on_gpu else {})
+        bundles = [learner_bundle] * h.learner_ranks + [rollout_bundle] * h.rollout_workers
+        self.started_ray = not ray.is_initialized()
+        if self.started_ray:
+            if h.ray_address is None:  # a local instance: CPUs are logical, small machines may oversubscribe
+                needed = sum(b["CPU"] for b in bundles)
+                ray.init(num_cpus=max(needed, os.cpu_count() or 1), include_dashboard=False,
+                         log_to_driver=True, configure_logging=False)
+            else:
+                ray.init(address=h.ray_address, log_to_driver=True)
+        self.placement_group = placement_group(bundles, strategy=h.placement_strategy)
+        ready, _ = ray.wait([self.placement_group.ready()], timeout=h.placement_timeout_s)
+        if not ready:
+            available = ray.available_resources()
+            self.shutdown()
+            raise ConfigError(f"the Ray cluster could not place {len(bundles)} actors ({bundles[0]} x "
+                              f"{h.learner_ranks} learner ranks, {rollout_bundle} x {h.rollout_workers} rollout "
+                              f"workers, strategy {h.placement_strategy}) within {h.placement_timeout_s:.0f} s; "
+                              f"available: {available}")
+        link_ray_logs(run_dir)
+        try:
+            self.learner = RemoteLearner(cfg, model_path, self.placement_group, bundles=range(h.learner_ranks))
+            self.engine = RemoteEngine(cfg, model_path, self.placement_group,
+                                       bundles=range(h.learner_ranks, len(bundles)), weight_source=self.learner)
+        except ActorLost as lost:
+            self.shutdown()
+            raise WorkerDied(f"a Ray actor died while starting: {lost.error}") from lost
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def shutdown(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+        for side in ("learner", "engine"):
+            if hasattr(self, side):
+                getattr(self, side).kill()
+        remove_placement_group(self.placement_group)
+        if self.started_ray:
+            ray.shutdown()
+
+
+def link_ray_logs(run_dir: Path) -> None:
+    """run_dir/ray_logs -> this Ray session's log folder on this node (every actor's stdout and stderr,
+    vLLM's included). On a multi-node cluster each node keeps its actors' logs in its own session folder."""
+    import ray
+    try:  # the session folder has no public accessor; the link is a convenience, not a requirement
+        session = Path(ray._private.worker._global_node.get_session_dir_path())
+    except AttributeError:
+        return
+    link = run_dir / "ray_logs"
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(session / "logs", target_is_directory=True)

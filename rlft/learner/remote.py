@@ -1,0 +1,193 @@
+"""The learner as Ray actors (hardware.ray): one LearnerActor per rank, each wrapping a LearnerWorker, the
+ranks forming a torch.distributed group; RemoteLearner is the driver's handle with LearnerWorker's methods.
+
+Trajectories go into the Ray object store once (`ray.put`) and every rank reads them from there; weights
+leave from rank 0 by broadcast to the rollout workers (RemoteLearner.push_weights).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from rlft.checkpoint import TrainerState
+from rlft.cluster import ActorLost, actor_options, wait_all
+from rlft.config import RunConfig
+from rlft.errors import WorkerDied
+from rlft.learner.learner import TrainBatch, rank_rows
+from rlft.rollout.base import Rollout
+from rlft.sync import SyncStats
+
+# Test hook: the learner rank RLFT_FAULT_LEARNER_RANK (default 0) exits at its update call number
+# RLFT_FAULT_LEARNER_EXIT_AT_UPDATE, as a crashed or preempted rank would.
+FAULT_UPDATE = "RLFT_FAULT_LEARNER_EXIT_AT_UPDATE"
+FAULT_RANK = "RLFT_FAULT_LEARNER_RANK"
+
+
+class LearnerActor:
+    def __init__(self, cfg: RunConfig, model_path: str, rank: int, world: int):
+        from transformers.utils import logging as hf_logging
+        hf_logging.disable_progress_bar()  # one "Loading weights" bar per actor on the console is noise
+        torch.set_num_threads(cfg.hardware.num_threads or cfg.hardware.cpus_per_actor)
+        torch.manual_seed(cfg.seed)
+        self.cfg, self.model_path, self.rank, self.world = cfg, model_path, rank, world
+        self.device = cfg.hardware.device
+        self.updates = 0
+        self.sync_group = None
+
+    def free_address(self) -> tuple[str, int]:
+        """This node's address and a free port on it, for a group's store."""
+        import ray
+        host = ray.util.get_node_ip_address()
+        with socket.socket() as probe:
+            probe.bind((host, 0))
+            return host, probe.getsockname()[1]
+
+    def setup(self, host: str, port: int) -> None:
+        """Join the learner group (rank 0 hosts it) and load the policy; every rank at once."""
+        from rlft.learner.worker import LearnerWorker
+        group = None
+        if self.world > 1:
+            if self.device == "cuda":
+                torch.cuda.set_device(0)  # Ray shows each rank its own GPU as cuda:0
+            dist.init_process_group("nccl" if self.device == "cuda" else "gloo", init_method=f"tcp://{host}:{port}",
+                                    rank=self.rank, world_size=self.world, timeout=datetime.timedelta(minutes=10))
+            group = dist.group.WORLD
+        self.worker = LearnerWorker(self.cfg, self.model_path, group)
+
+    def update(self, batch: TrainBatch, settings: dict) -> dict[str, float]:
+        self.updates += 1
+        if os.environ.get(FAULT_UPDATE) == str(self.updates) and int(os.environ.get(FAULT_RANK, "0")) == self.rank:
+            os._exit(1)
+        return self.worker.update(batch, **settings)
+
+    def reference_logprobs(self, rollout: Rollout, temperature: float, rows: range) -> torch.Tensor | None:
+        return self.worker.reference_logprobs(rollout, temperature, rows)
+
+    def set_lr(self, lr: float) -> None:
+        self.worker.set_lr(lr)
+
+    def lr(self) -> float:
+        return self.worker.lr
+
+    def join_sync_group(self, host: str, port: int, world: int, bucket_bytes: int) -> None:
+        from rlft.sync.broadcast import WeightBroadcaster, open_sync_group
+        backend = "nccl" if self.device == "cuda" else "gloo"
+        group = open_sync_group(host, port, 0, world, backend)
+        self.sync_group = WeightBroadcaster(group, src=0, bucket_bytes=bucket_bytes, device=self.device)
+
+    def send_weights(self) -> SyncStats | None:
+        """Every rank takes part in gathering the weights (FSDP); rank 0 broadcasts them."""
+        weights = self.worker.full_weights()
+        if self.rank == 0:
+            return self.sync_group.send(weights.items())
+        return None
+
+    def save_checkpoint(self, run_dir: Path, state: TrainerState, keep: int) -> None:
+        self.worker.save_checkpoint(run_dir, state, keep)
+
+    def load_checkpoint(self, folder: Path) -> TrainerState:
+        return self.worker.load_checkpoint(folder)
+
+    def save_model(self, folder: Path) -> None:
+        self.worker.save_model(folder)
+
+
+class RemoteLearner:
+    """The driver's side: LearnerWorker's methods, each run on every rank."""
+
+    def __init__(self, cfg: RunConfig, model_path: str, placement_group, bundles: range):
+        import ray
+        self.cfg = cfg
+        actor = ray.remote(LearnerActor)
+        world = len(bundles)
+        self.ranks = [actor.options(**actor_options(cfg, placement_group, bundle, gpus=1)).remote(
+            cfg, model_path, rank, world) for rank, bundle in enumerate(bundles)]
+        host, port = self._on_rank0("free_address")
+        self._on_all("setup", host, port)
+        self.synced_engine_version = None  # the rollout workers' group is formed at the first push
+
+    def update(self, batch: TrainBatch, **settings) -> dict[str, float]:
+        import ray
+        batch_ref = ray.put(batch)  # once into the object store; every rank reads the same copy
+        return self._on_all("update", batch_ref, settings)[0]  # metrics are already reduced over the ranks
+
+    def reference_logprobs(self, rollout: Rollout, temperature: float) -> torch.Tensor | None:
+        import ray
+        if self.cfg.algo.kl_coef <= 0:
+            return None
+        rollout_ref = ray.put(rollout)
+        parts = self._wait([rank.reference_logprobs.remote(rollout_ref, temperature,
+                                                           rank_rows(rollout.prompt_ids.shape[0], i, len(self.ranks)))
+                            for i, rank in enumerate(self.ranks)])
+        return torch.cat(parts)
+
+    def set_lr(self, lr: float) -> None:
+        self._on_all("set_lr", lr)
+
+    @property
+    def lr(self) -> float:
+        return self._on_rank0("lr")
+
+    def push_weights(self, engine) -> SyncStats:
+        """Learner rank 0 -> every rollout worker, by broadcast; a worker that died on the way is replaced
+        (RemoteEngine.replace) and the push repeated."""
+        start = time.perf_counter()
+        for attempt in range(self.cfg.hardware.max_rollout_restarts + 1):
+            try:
+                if self.synced_engine_version != engine.version:  # new workers: a new group
+                    self._form_sync_group(engine)
+                receiving = engine.receive_weights()
+                sends = [rank.send_weights.remote() for rank in self.ranks]
+                results = wait_all(receiving + sends, role="sync")
+                sent = results[len(receiving)]
+                return SyncStats(seconds=time.perf_counter() - start, bytes=sent.bytes)
+            except ActorLost as lost:
+                if lost.index >= len(engine.workers):
+                    raise self._died(lost.index - len(engine.workers), lost.error) from lost
+                engine.replace(lost.index, lost.error, attempt, resync=False)
+        raise WorkerDied(f"the weight sync failed after {self.cfg.hardware.max_rollout_restarts} rollout worker restarts")
+
+    def _form_sync_group(self, engine) -> None:
+        host, port = self._on_rank0("free_address")
+        world = 1 + len(engine.workers)
+        bucket_bytes = self.cfg.rollout.sync_bucket_mb * 2 ** 20
+        joining = engine.join_sync_group(host, port, world, bucket_bytes)
+        wait_all(joining + [self.ranks[0].join_sync_group.remote(host, port, world, bucket_bytes)])
+        self.synced_engine_version = engine.version
+
+    def save_checkpoint(self, run_dir: Path, state: TrainerState, keep: int) -> None:
+        self._on_all("save_checkpoint", run_dir, state, keep)
+
+    def load_checkpoint(self, folder: Path) -> TrainerState:
+        return self._on_all("load_checkpoint", folder)[0]
+
+    def save_model(self, folder: Path) -> None:
+        self._on_all("save_model", folder)
+
+    def kill(self) -> None:
+        import ray
+        for rank in self.ranks:
+            ray.kill(rank)
+
+    def _on_all(self, method: str, *args) -> list:
+        return self._wait([getattr(rank, method).remote(*args) for rank in self.ranks])
+
+    def _on_rank0(self, method: str, *args):
+        return self._wait([getattr(self.ranks[0], method).remote(*args)])[0]
+
+    def _wait(self, refs: list) -> list:
+        try:
+            return wait_all(refs)
+        except ActorLost as lost:
+            raise self._died(lost.index, lost.error) from lost
+
+    def _died(self, rank: int, error: Exception) -> WorkerDied:
+        return WorkerDied(f"learner rank {rank} of {len(self.ranks)} died ({type(error).__name__}); its output is "
+                          f"in the run directory's ray_logs/ (worker-*.err)")

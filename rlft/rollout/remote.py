@@ -1,0 +1,166 @@
+"""Rollout workers as Ray actors (hardware.ray): each RolloutActor holds one engine (HF or vLLM, as
+rollout.engine says); RemoteEngine is the driver's RolloutEngine over them.
+
+A step's prompts are split between the workers and their rollouts joined in order. Weights arrive by
+broadcast from learner rank 0 (RemoteLearner.push_weights) and each worker hands them to its engine.
+A worker that dies is replaced by a fresh actor (hardware.max_rollout_restarts per call): it gets the
+current weights and every worker's sampling state from before the failed call, so the retried call
+samples what the failed one would have.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Iterable
+
+import torch
+
+from rlft.cluster import ActorLost, actor_options, wait_all
+from rlft.config import RunConfig
+from rlft.errors import WorkerDied
+from rlft.learner.learner import rank_rows
+from rlft.rollout.base import Rollout, SamplingParams, concat_rollouts
+
+# Test hook: the first incarnation of rollout worker RLFT_FAULT_ROLLOUT_WORKER (default 0) exits at its
+# generate call number RLFT_FAULT_ROLLOUT_EXIT_AT_CALL (the held-out evaluation at step 0 is call 1).
+FAULT_CALL = "RLFT_FAULT_ROLLOUT_EXIT_AT_CALL"
+FAULT_WORKER = "RLFT_FAULT_ROLLOUT_WORKER"
+
+
+class RolloutActor:
+    def __init__(self, cfg: RunConfig, model_path: str, index: int, incarnation: int):
+        from transformers.utils import logging as hf_logging
+
+        from rlft.models.loading import load_tokenizer
+        from rlft.rollout import build_engine
+        hf_logging.disable_progress_bar()
+        torch.set_num_threads(cfg.hardware.num_threads or cfg.hardware.cpus_per_actor)
+        self.device = cfg.hardware.device
+        self.index, self.incarnation, self.calls = index, incarnation, 0
+        tokenizer = load_tokenizer(model_path)
+        # worker 0 samples with the run's seed, as the one engine of hardware=cpu does
+        self.engine = build_engine(cfg.rollout, model_path, cfg.model.dtype, self.device, tokenizer,
+                                   seed=cfg.seed + index)
+        self.receiver = None
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> tuple[Rollout, torch.Tensor]:
+        self.calls += 1
+        if (self.incarnation == 0 and os.environ.get(FAULT_CALL) == str(self.calls)
+                and int(os.environ.get(FAULT_WORKER, "0")) == self.index):
+            os._exit(1)
+        return self.engine.generate(prompts, params), self.engine.rng_state()
+
+    def rng_state(self) -> torch.Tensor:
+        return self.engine.rng_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        self.engine.set_rng_state(state)
+
+    def join_sync_group(self, host: str, port: int, rank: int, world: int, bucket_bytes: int) -> None:
+        from rlft.sync.broadcast import WeightBroadcaster, open_sync_group
+        backend = "nccl" if self.device == "cuda" else "gloo"
+        group = open_sync_group(host, port, rank, world, backend)
+        self.receiver = WeightBroadcaster(group, src=0, bucket_bytes=bucket_bytes, device=self.device)
+
+    def receive_weights(self) -> int:
+        # all buckets first: vLLM's in-place reload expects one complete set of weights
+        received: list[tuple[str, torch.Tensor]] = []
+        self.receiver.receive(received.extend)
+        self.engine.update_weights(received)
+        return len(received)
+
+    def sleep(self) -> None:
+        if hasattr(self.engine, "sleep"):
+            self.engine.sleep()
+
+
+class RemoteEngine:
+    """A RolloutEngine whose work runs on `hardware.rollout_workers` actors."""
+
+    def __init__(self, cfg: RunConfig, model_path: str, placement_group, bundles: range, weight_source):
+        import ray
+
+        from rlft.models.loading import load_tokenizer
+        self.cfg, self.model_path, self.placement_group = cfg, model_path, placement_group
+        self.pad_id = load_tokenizer(model_path).pad_token_id
+        self.bundles = list(bundles)
+        self.actor = ray.remote(RolloutActor)
+        self.weight_source = weight_source  # a RemoteLearner: re-sends the weights to a replaced worker
+        self.incarnations = [0] * len(self.bundles)
+        self.workers = [self._spawn(i) for i in range(len(self.bundles))]
+        self.rng_states = self._wait([w.rng_state.remote() for w in self.workers])
+        self.version = 0  # changes whenever a worker is replaced: the weight-sync group must be formed anew
+        self.restarts = 0
+
+    def _spawn(self, index: int):
+        options = actor_options(self.cfg, self.placement_group, self.bundles[index],
+                                gpus=self.cfg.hardware.gpus_per_rollout_worker)
+        return self.actor.options(**options).remote(self.cfg, self.model_path, index, self.incarnations[index])
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollout:
+        shares = [rank_rows(len(prompts), i, len(self.workers)) for i in range(len(self.workers))]
+        busy = [i for i, rows in enumerate(shares) if len(rows)]
+        for attempt in range(self.cfg.hardware.max_rollout_restarts + 1):
+            try:
+                results = wait_all([self.workers[i].generate.remote(prompts[shares[i].start:shares[i].stop], params)
+                                    for i in busy])
+                break
+            except ActorLost as lost:
+                self.replace(busy[lost.index], lost.error, attempt)
+        else:
+            raise WorkerDied(f"rollout worker died {self.cfg.hardware.max_rollout_restarts + 1} times in one call")
+        for i, (_, state) in zip(busy, results):
+            self.rng_states[i] = state
+        return concat_rollouts([rollout for rollout, _ in results], self.pad_id)
+
+    def replace(self, index: int, error: Exception, attempt: int, resync: bool = True) -> None:
+        """A fresh actor for worker `index`; every worker back to its sampling state before the call."""
+        import ray
+        limit = self.cfg.hardware.max_rollout_restarts
+        if attempt >= limit:
+            raise WorkerDied(f"rollout worker {index} died again after {limit} restarts in one call ({error})")
+        self.restarts += 1
+        print(f"rlft: rollout worker {index} died ({type(error).__name__}); starting a fresh one "
+              f"(restart {attempt + 1} of at most {limit} for this call; logs in the run's ray_logs/)",
+              file=sys.stderr, flush=True)
+        ray.kill(self.workers[index])
+        self.incarnations[index] += 1
+        self.workers[index] = self._spawn(index)
+        self._wait([w.set_rng_state.remote(s) for w, s in zip(self.workers, self.rng_states)])
+        self.version += 1
+        if resync:
+            self.weight_source.push_weights(self)
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        raise TypeError("rollout workers on Ray receive weights from the learner ranks: RemoteLearner.push_weights")
+
+    def join_sync_group(self, host: str, port: int, world: int, bucket_bytes: int) -> list:
+        return [w.join_sync_group.remote(host, port, 1 + i, world, bucket_bytes) for i, w in enumerate(self.workers)]
+
+    def receive_weights(self) -> list:
+        return [w.receive_weights.remote() for w in self.workers]
+
+    def rng_state(self) -> torch.Tensor:
+        """Worker 0's state alone when there is one worker (the format of a one-process run), else stacked."""
+        return self.rng_states[0] if len(self.rng_states) == 1 else torch.stack(self.rng_states)
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        states = [state] if state.dim() == 1 else list(state)
+        for i, s in enumerate(states[:len(self.workers)]):
+            self.rng_states[i] = s
+        self._wait([w.set_rng_state.remote(s) for w, s in zip(self.workers, self.rng_states)])
+
+    def sleep(self) -> None:
+        self._wait([w.sleep.remote() for w in self.workers])
+
+    def kill(self) -> None:
+        import ray
+        for worker in self.workers:
+            ray.kill(worker)
+
+    def _wait(self, refs: list) -> list:
+        try:
+            return wait_all(refs)
+        except ActorLost as lost:
+            raise WorkerDied(f"rollout worker {lost.index} died outside a generate call ({lost.error})") from lost
