@@ -125,6 +125,8 @@ class HardwareConfig:
     placement_strategy: str = "PACK"       # Ray placement group: PACK, SPREAD, STRICT_PACK, STRICT_SPREAD
     max_rollout_restarts: int = 3          # a rollout actor that dies is replaced, this often per call
     placement_timeout_s: float = 120.0     # how long to wait for the cluster to grant the resources
+    nodes: Optional[int] = None            # multinode: checked against the actors' GPUs, with gpus_per_node
+    gpus_per_node: Optional[int] = None
 
 
 @dataclass
@@ -283,6 +285,14 @@ def _validate_hardware(cfg: RunConfig) -> None:
     if h.device == "cuda" and r.engine == "vllm" and h.gpus_per_rollout_worker != r.tensor_parallel_size and h.ray:
         raise ConfigError(f"hardware.gpus_per_rollout_worker={h.gpus_per_rollout_worker} must equal "
                           f"rollout.tensor_parallel_size={r.tensor_parallel_size}: vLLM shards over the actor's GPUs")
+    if (h.nodes is None) != (h.gpus_per_node is None):
+        raise ConfigError("hardware.nodes and hardware.gpus_per_node go together (both set, or both null)")
+    if h.nodes is not None:
+        wanted = h.learner_ranks + h.rollout_workers * h.gpus_per_rollout_worker
+        if wanted != h.nodes * h.gpus_per_node:
+            raise ConfigError(f"hardware: learner_ranks {h.learner_ranks} + rollout_workers {h.rollout_workers} x "
+                              f"gpus_per_rollout_worker {h.gpus_per_rollout_worker} = {wanted} GPUs, but nodes "
+                              f"{h.nodes} x gpus_per_node {h.gpus_per_node} = {h.nodes * h.gpus_per_node}")
     batch = cfg.trainer.prompts_per_step * cfg.algo.group_size
     if batch < h.learner_ranks or cfg.trainer.prompts_per_step < h.rollout_workers:
         raise ConfigError(f"{cfg.trainer.prompts_per_step} prompts/step x {cfg.algo.group_size} = {batch} responses "

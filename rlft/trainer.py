@@ -23,7 +23,7 @@ from rlft.config import RunConfig, validate
 from rlft.data import load_task
 from rlft.data.sampler import PromptSampler
 from rlft.data.types import Problem
-from rlft.errors import RewardError, WorkerDied
+from rlft.errors import ConfigError, RewardError, WorkerDied
 from rlft.learner.learner import TrainBatch
 from rlft.learner.worker import LearnerWorker
 from rlft.models.loading import load_tokenizer, resolve_model_path
@@ -41,6 +41,8 @@ def train(cfg: RunConfig, run_dir: Path) -> dict:
     train_problems, held_out = load_task(cfg.data)
     reward_fn = REWARDS.get(cfg.reward.name)
     resume_from = latest_checkpoint(Path(cfg.resume)) if cfg.resume else None
+    if cfg.hardware.device == "cuda" and not cfg.hardware.ray and not torch.cuda.is_available():
+        raise ConfigError("hardware.device=cuda but torch sees no GPU here (hardware=cpu runs on the CPU)")
 
     # ---- Build the parts: learner and rollout engine in this process, or as Ray actors (hardware.ray).
     torch.set_num_threads(cfg.hardware.num_threads or len(os.sched_getaffinity(0)))

@@ -27,7 +27,7 @@ def test_every_yaml_composes_onto_the_schema(group, option):
         cfg = compose(config_name="config", overrides=overrides)
     run = OmegaConf.to_object(cfg)
     assert isinstance(run, RunConfig)
-    if (group, option) == ("rollout", "vllm") and not vllm_available():
+    if run.rollout.engine == "vllm" and not vllm_available():
         with pytest.raises(ConfigError, match="rollout=vllm needs vLLM installed: `make setup-vllm`"):
             validate(run)
         return
@@ -55,6 +55,14 @@ ERRORS = [
     (["rollout.weight_sync=broadcast"], "rollout.weight_sync=broadcast needs rollout=vllm with "
                                         "rollout.in_process=false"),
     (["rollout=vllm", "rollout.gpu_memory_utilization=1.5"], "rollout.gpu_memory_utilization must be in (0, 1]"),
+    (["hardware.learner_ranks=2"], "hardware.learner_ranks > 1, hardware.rollout_workers > 1 and "
+                                   "hardware.ray_address need hardware.ray=true (e.g. hardware=cpu_ray)"),
+    (["hardware=cpu_ray", "hardware.learner_ranks=1", "hardware.fsdp=true"],
+     "hardware.fsdp shards over learner ranks: it needs hardware.learner_ranks >= 2"),
+    (["hardware=cpu_ray", "hardware.placement_strategy=RANDOM"], "hardware.placement_strategy='RANDOM' is not one of"),
+    (["hardware=cpu_ray", "trainer.prompts_per_step=1", "algo.group_size=2", "hardware.learner_ranks=4"],
+     "1 prompts/step x 2 = 2 responses cannot feed hardware.learner_ranks=4"),
+    (["hardware.device=cuda"], "hardware.device=cuda but torch sees no GPU here"),
 ]
 
 
@@ -72,3 +80,32 @@ def test_cfg_job_prints_the_composed_config(rlft):
     proc = rlft("train", "--cfg", "job", "algo.kl_coef=0.5")
     cfg = OmegaConf.create(proc.stdout)
     assert cfg.algo.kl_coef == 0.5 and cfg.algo.name == "grpo" and cfg.model.path == "builtin:tiny-adder"
+
+
+GPU_PLACEMENTS = {"1gpu_colocated": (False, 1, 1, False), "8gpu": (True, 4, 4, True),
+                  "multinode": (True, 8, 8, True)}
+
+
+@pytest.mark.parametrize("option", sorted(GPU_PLACEMENTS))
+def test_gpu_placements_compose_and_validate_on_cpu(rlft, option):
+    """`--cfg job` of each GPU config: the placement it promises, and the checks it passes (vLLM aside)."""
+    cfg = OmegaConf.create(rlft("train", f"hardware={option}", "--cfg", "job").stdout)
+    ray, learner_ranks, rollout_workers, fsdp = GPU_PLACEMENTS[option]
+    h = cfg.hardware
+    assert (h.device, h.ray, h.learner_ranks, h.rollout_workers, h.fsdp) == ("cuda", ray, learner_ranks,
+                                                                              rollout_workers, fsdp)
+    assert cfg.rollout.engine == "vllm" and cfg.model.dtype == "bfloat16"
+    assert cfg.rollout.enable_sleep_mode == (option == "1gpu_colocated")
+    run = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RunConfig), cfg))
+    if vllm_available():
+        validate(run)
+
+
+def test_multinode_gpu_count_must_add_up():
+    register_schemas()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["hardware=multinode", "hardware.nodes=3"])
+    run = OmegaConf.to_object(cfg)
+    run.rollout.engine = "hf"  # the GPU count check, without vLLM
+    with pytest.raises(ConfigError, match=r"= 16 GPUs, but nodes 3 x gpus_per_node 8 = 24"):
+        validate(run)

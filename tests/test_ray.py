@@ -82,3 +82,16 @@ def test_a_dead_learner_rank_stops_cleanly_and_the_checkpoint_resumes_on_one_ran
     rlft("train", f"resume={run}", "hardware=cpu", "hardware.num_threads=1")  # one rank, no Ray
     assert_same_run(read_metrics(run), read_metrics(one_process_run))
     assert_same_weights(run, one_process_run)
+
+
+@pytest.mark.vllm
+def test_vllm_rollout_actor_receives_the_learner_weights(rlft, tmp_path):
+    pytest.importorskip("vllm")
+    run = tmp_path / "ray_vllm"
+    # a large first step (lr 1e-2, no warm-up), so that stale weights in vLLM would show in the log-probs
+    rlft("train", f"hydra.run.dir={run}", *RUN, "hardware=cpu_ray", "rollout=vllm", "trainer.steps=2",
+         "optim.lr=1e-2", "optim.warmup_steps=0")
+    rows = [r for r in read_metrics(run) if r.get("kind") != "eval"]
+    # step 2 samples with the weights broadcast after step 1: vLLM and the learner agree on them
+    assert rows[1]["rollout/logprob_diff_max"] < 1e-4
+    assert rows[1]["sync/bytes"] > 0 and rows[1]["train/grad_norm"] > 0
