@@ -45,6 +45,21 @@ def wait_all(refs: list, role: str = "actor") -> list:
     return ray.get(refs)
 
 
+def dead_actors(actors: list, timeout_s: float = 10.0) -> list[int]:
+    """Indices of the actors that are gone. One that is alive but busy (blocked in a collective with a
+    dead peer) does not answer within the timeout and counts as alive: the caller decides about it."""
+    import ray
+    dead = []
+    for index, actor in enumerate(actors):
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=timeout_s)
+        except ray.exceptions.RayActorError:
+            dead.append(index)
+        except ray.exceptions.GetTimeoutError:
+            pass
+    return dead
+
+
 def actor_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIXES)}
 

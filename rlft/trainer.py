@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import os
-import resource
 import time
 from pathlib import Path
 
@@ -67,7 +66,7 @@ def train(cfg: RunConfig, run_dir: Path) -> dict:
 
 def _run(cfg: RunConfig, run_dir: Path, learner, engine: RolloutEngine, tokenizer, train_problems, held_out,
          reward_fn, resume_from) -> dict:
-    algo, rollout_cfg, trainer_cfg, device = cfg.algo, cfg.rollout, cfg.trainer, cfg.hardware.device
+    algo, rollout_cfg, trainer_cfg = cfg.algo, cfg.rollout, cfg.trainer
     sampler = PromptSampler(train_problems, seed=cfg.seed)
     sampling = SamplingParams(n=algo.group_size, temperature=rollout_cfg.temperature,
                               top_p=rollout_cfg.top_p, max_new_tokens=rollout_cfg.max_new_tokens)
@@ -189,7 +188,7 @@ def _run(cfg: RunConfig, run_dir: Path, learner, engine: RolloutEngine, tokenize
                    "perf/generate_tokens_per_s": lengths.sum().item() / max(scored.seconds["generate"], 1e-9),
                    "perf/train_tokens_per_s": train_metrics["tokens"] / max(train_seconds, 1e-9),
                    "perf/step_seconds": time.perf_counter() - step_start,
-                   "perf/peak_rss_mb": peak_memory_mb(device)}
+                   "perf/peak_rss_mb": learner.peak_memory_mb()}  # the learner's (largest rank's)
             monitor.log(row)
             if evaluate_and_checkpoint(step):
                 break
@@ -271,12 +270,6 @@ def describe_batch(cfg: RunConfig, train_size: int, eval_size: int, micro_batch:
     if start_step:
         lines.append(f"      resuming after step {start_step} from {cfg.resume}")
     return "\n".join(lines)
-
-
-def peak_memory_mb(device: str) -> float:
-    if device == "cuda" and torch.cuda.is_available():
-        return torch.cuda.max_memory_allocated() / 2 ** 20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
 def summarize(run_dir: Path, last_step: int) -> dict:

@@ -54,11 +54,15 @@ def test_ray_ranks_train_like_one_process(rlft, tmp_path, one_process_run):
     assert any((run / "ray_logs").glob("worker-*"))
 
 
-def test_a_dead_rollout_actor_is_replaced_and_the_run_goes_on(rlft, tmp_path, one_process_run, monkeypatch):
+@pytest.mark.parametrize("hook,when", [("RLFT_FAULT_ROLLOUT_EXIT_AT_CALL", "3"),   # step 2's generation
+                                       ("RLFT_FAULT_ROLLOUT_EXIT_AT_SYNC", "2")],  # the sync after step 2
+                         ids=["in-generate", "in-weight-sync"])
+def test_a_dead_rollout_actor_is_replaced_and_the_run_goes_on(rlft, tmp_path, one_process_run, monkeypatch,
+                                                              hook, when):
     run = tmp_path / "ray"
-    monkeypatch.setenv("RLFT_FAULT_ROLLOUT_EXIT_AT_CALL", "3")  # step 2's generation (call 1: the eval)
+    monkeypatch.setenv(hook, when)
     proc = rlft("train", f"hydra.run.dir={run}", *RUN, "hardware=cpu_ray")
-    assert "rollout worker 0 died" in proc.stderr and "starting a fresh one" in proc.stderr
+    assert "rollout worker died" in proc.stderr and "starting fresh worker(s) [0]" in proc.stderr
     # the fresh actor got the current weights and the sampling state of before the call: same samples
     assert_same_run(read_metrics(run), read_metrics(one_process_run))
     assert_same_weights(run, one_process_run)

@@ -76,6 +76,9 @@ class LearnerActor:
     def lr(self) -> float:
         return self.worker.lr
 
+    def peak_memory_mb(self) -> float:
+        return self.worker.peak_memory_mb()
+
     def join_sync_group(self, host: str, port: int, world: int, bucket_bytes: int) -> None:
         from rlft.sync.broadcast import WeightBroadcaster, open_sync_group
         backend = "nccl" if self.device == "cuda" else "gloo"
@@ -135,23 +138,31 @@ class RemoteLearner:
     def lr(self) -> float:
         return self._on_rank0("lr")
 
+    def peak_memory_mb(self) -> float:
+        return max(self._on_all("peak_memory_mb"))
+
     def push_weights(self, engine) -> SyncStats:
-        """Learner rank 0 -> every rollout worker, by broadcast; a worker that died on the way is replaced
-        (RemoteEngine.replace) and the push repeated."""
+        """Learner rank 0 -> every rollout worker, by broadcast. A rollout worker that dies on the way breaks
+        the group for all: every worker is replaced (RemoteEngine.replace_all) and the push repeated."""
+        import ray
+
+        from rlft.cluster import dead_actors
         start = time.perf_counter()
         for attempt in range(self.cfg.hardware.max_rollout_restarts + 1):
             try:
                 if self.synced_engine_version != engine.version:  # new workers: a new group
                     self._form_sync_group(engine)
                 receiving = engine.receive_weights()
-                sends = [rank.send_weights.remote() for rank in self.ranks]
-                results = wait_all(receiving + sends, role="sync")
-                sent = results[len(receiving)]
-                return SyncStats(seconds=time.perf_counter() - start, bytes=sent.bytes)
-            except ActorLost as lost:
-                if lost.index >= len(engine.workers):
-                    raise self._died(lost.index - len(engine.workers), lost.error) from lost
-                engine.replace(lost.index, lost.error, attempt, resync=False)
+                results = wait_all(receiving + [rank.send_weights.remote() for rank in self.ranks])
+                return SyncStats(seconds=time.perf_counter() - start, bytes=results[len(receiving)].bytes)
+            except (ActorLost, ray.exceptions.RayTaskError) as err:
+                # rank 0's broadcast may fail before the dead peer is reported: look at who is gone
+                lost_ranks = dead_actors(self.ranks)
+                if lost_ranks:
+                    raise self._died(lost_ranks[0], err) from err
+                if not dead_actors(engine.workers):
+                    raise
+                engine.replace_all(err, attempt)
         raise WorkerDied(f"the weight sync failed after {self.cfg.hardware.max_rollout_restarts} rollout worker restarts")
 
     def _form_sync_group(self, engine) -> None:

@@ -7,6 +7,7 @@ The trainer uses it directly on one process (hardware=cpu, one GPU); on Ray each
 
 from __future__ import annotations
 
+import resource
 from pathlib import Path
 
 import torch
@@ -24,6 +25,7 @@ from rlft.sync import SyncStats, push_weights
 class LearnerWorker:
     def __init__(self, cfg: RunConfig, model_path: str, group: dist.ProcessGroup | None = None):
         device, dtype = cfg.hardware.device, cfg.model.dtype
+        self.device = device
         o = cfg.optim
         self.learner = Learner(load_causal_lm(model_path, dtype, device), lr=o.lr, weight_decay=o.weight_decay,
                                betas=tuple(o.betas), eps=o.eps, max_grad_norm=o.max_grad_norm, group=group,
@@ -72,6 +74,12 @@ class LearnerWorker:
         weights = self.learner.full_weights()
         if self.rank == 0:
             self.learner.model.save_pretrained(folder, state_dict=weights if self.learner.fsdp else None)
+
+    def peak_memory_mb(self) -> float:
+        """This process's peak: torch.cuda.max_memory_allocated on GPU, resident set size on CPU."""
+        if self.device == "cuda" and torch.cuda.is_available():
+            return torch.cuda.max_memory_allocated() / 2 ** 20
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
     @property
     def lr(self) -> float:

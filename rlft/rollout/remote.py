@@ -22,9 +22,11 @@ from rlft.errors import WorkerDied
 from rlft.learner.learner import rank_rows
 from rlft.rollout.base import Rollout, SamplingParams, concat_rollouts
 
-# Test hook: the first incarnation of rollout worker RLFT_FAULT_ROLLOUT_WORKER (default 0) exits at its
-# generate call number RLFT_FAULT_ROLLOUT_EXIT_AT_CALL (the held-out evaluation at step 0 is call 1).
+# Test hooks: the first incarnation of rollout worker RLFT_FAULT_ROLLOUT_WORKER (default 0) exits at its
+# generate call number RLFT_FAULT_ROLLOUT_EXIT_AT_CALL (the held-out evaluation at step 0 is call 1), or
+# at its weight sync number RLFT_FAULT_ROLLOUT_EXIT_AT_SYNC, as a crashed or preempted actor would.
 FAULT_CALL = "RLFT_FAULT_ROLLOUT_EXIT_AT_CALL"
+FAULT_SYNC = "RLFT_FAULT_ROLLOUT_EXIT_AT_SYNC"
 FAULT_WORKER = "RLFT_FAULT_ROLLOUT_WORKER"
 
 
@@ -37,7 +39,7 @@ class RolloutActor:
         hf_logging.disable_progress_bar()
         torch.set_num_threads(cfg.hardware.num_threads or cfg.hardware.cpus_per_actor)
         self.device = cfg.hardware.device
-        self.index, self.incarnation, self.calls = index, incarnation, 0
+        self.index, self.incarnation, self.calls, self.syncs = index, incarnation, 0, 0
         tokenizer = load_tokenizer(model_path)
         # worker 0 samples with the run's seed, as the one engine of hardware=cpu does
         self.engine = build_engine(cfg.rollout, model_path, cfg.model.dtype, self.device, tokenizer,
@@ -46,10 +48,13 @@ class RolloutActor:
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> tuple[Rollout, torch.Tensor]:
         self.calls += 1
-        if (self.incarnation == 0 and os.environ.get(FAULT_CALL) == str(self.calls)
+        self._fault_hook(FAULT_CALL, self.calls)
+        return self.engine.generate(prompts, params), self.engine.rng_state()
+
+    def _fault_hook(self, variable: str, count: int) -> None:
+        if (self.incarnation == 0 and os.environ.get(variable) == str(count)
                 and int(os.environ.get(FAULT_WORKER, "0")) == self.index):
             os._exit(1)
-        return self.engine.generate(prompts, params), self.engine.rng_state()
 
     def rng_state(self) -> torch.Tensor:
         return self.engine.rng_state()
@@ -64,6 +69,8 @@ class RolloutActor:
         self.receiver = WeightBroadcaster(group, src=0, bucket_bytes=bucket_bytes, device=self.device)
 
     def receive_weights(self) -> int:
+        self.syncs += 1
+        self._fault_hook(FAULT_SYNC, self.syncs)
         # all buckets first: vLLM's in-place reload expects one complete set of weights
         received: list[tuple[str, torch.Tensor]] = []
         self.receiver.receive(received.extend)
@@ -114,23 +121,31 @@ class RemoteEngine:
             self.rng_states[i] = state
         return concat_rollouts([rollout for rollout, _ in results], self.pad_id)
 
-    def replace(self, index: int, error: Exception, attempt: int, resync: bool = True) -> None:
-        """A fresh actor for worker `index`; every worker back to its sampling state before the call."""
+    def replace(self, index: int, error: Exception, attempt: int) -> None:
+        """A fresh actor for worker `index` with the current weights; every worker back to its sampling
+        state of before the failed call."""
+        self._respawn([index], error, attempt)
+        self.weight_source.push_weights(self)
+
+    def replace_all(self, error: Exception, attempt: int) -> None:
+        """After a death during the weight sync: the survivors wait in a broken group, so all go."""
+        self._respawn(list(range(len(self.workers))), error, attempt)
+
+    def _respawn(self, indices: list[int], error: Exception, attempt: int) -> None:
         import ray
         limit = self.cfg.hardware.max_rollout_restarts
         if attempt >= limit:
-            raise WorkerDied(f"rollout worker {index} died again after {limit} restarts in one call ({error})")
+            raise WorkerDied(f"rollout workers {indices} died again after {limit} restarts in one call ({error})")
         self.restarts += 1
-        print(f"rlft: rollout worker {index} died ({type(error).__name__}); starting a fresh one "
+        print(f"rlft: rollout worker died ({type(error).__name__}); starting fresh worker(s) {indices} "
               f"(restart {attempt + 1} of at most {limit} for this call; logs in the run's ray_logs/)",
               file=sys.stderr, flush=True)
-        ray.kill(self.workers[index])
-        self.incarnations[index] += 1
-        self.workers[index] = self._spawn(index)
+        for index in indices:
+            ray.kill(self.workers[index])
+            self.incarnations[index] += 1
+            self.workers[index] = self._spawn(index)
         self._wait([w.set_rng_state.remote(s) for w, s in zip(self.workers, self.rng_states)])
         self.version += 1
-        if resync:
-            self.weight_source.push_weights(self)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         raise TypeError("rollout workers on Ray receive weights from the learner ranks: RemoteLearner.push_weights")
