@@ -16,11 +16,11 @@ import torch
 from rlft.algos.shaping import mixed_groups, overlong_penalty
 from rlft.data.sampler import PromptSampler
 from rlft.data.types import Problem
-from rlft.rewards import exact_match
+from rlft.rewards.scorer import Scores
 from rlft.rollout.base import Rollout, RolloutEngine, SamplingParams, concat_rollouts
 
-# (prompts, completions, answers) -> one reward per response
-ScoreFn = Callable[[list[str], list[str], list[str]], list[float]]
+# (the problem of each response, completions, response lengths in tokens) -> Scores (RewardScorer.score)
+ScoreFn = Callable[[list[Problem], list[str], list[int]], Scores]
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,9 @@ class ScoredGroups:
     problems: list[Problem]     # one per group
     rollout: Rollout            # [N, ...]
     rewards: torch.Tensor       # [N] task reward plus any length shaping: what advantages are computed from
-    correct: torch.Tensor       # [N] exact match, for the accuracy metric
+    correct: torch.Tensor       # [N] 1.0 where reward.accuracy gives full marks, for the accuracy metric
+    reward_parts: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [N] each reward fn's value
+    reward_errors: int = 0      # reward calls that failed (scored 0 with reward.on_error=zero)
     rounds: int = 1
     dropped_groups: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
@@ -53,7 +55,7 @@ def collect_groups(sampler: PromptSampler, engine: RolloutEngine, encode: Callab
                    overlong: Overlong | None) -> ScoredGroups:
     group_size = sampling.n
     kept: list[ScoredGroups] = []
-    kept_groups, dropped, rounds = 0, 0, 0
+    kept_groups, dropped, rounds, errors = 0, 0, 0, 0
     seconds = {"generate": 0.0, "reward": 0.0}
     for rounds in range(1, (max_sampling_rounds if dynamic_sampling else 1) + 1):
         problems = sampler.next(prompts_per_step)
@@ -63,11 +65,9 @@ def collect_groups(sampler: PromptSampler, engine: RolloutEngine, encode: Callab
 
         t = time.perf_counter()
         per_response = [p for p in problems for _ in range(group_size)]
-        completions = decode(rollout.response_ids)
-        prompts, answers = [p.prompt for p in per_response], [p.answer for p in per_response]
-        task_rewards = torch.tensor(score(prompts, completions, answers), dtype=torch.float32)
-        correct = torch.tensor([exact_match(p, c, a) for p, c, a in zip(prompts, completions, answers)])
-        rewards = task_rewards
+        scores = score(per_response, decode(rollout.response_ids), rollout.response_lengths.tolist())
+        errors += scores.errors
+        task_rewards = rewards = scores.total
         if overlong is not None:
             rewards = rewards + overlong_penalty(rollout.response_lengths, overlong.max_len, overlong.buffer,
                                                  overlong.penalty)
@@ -78,8 +78,8 @@ def collect_groups(sampler: PromptSampler, engine: RolloutEngine, encode: Callab
             keep = mixed_groups(task_rewards, group_size)
             dropped += int((~keep).sum())
         rows = keep.repeat_interleave(group_size)
-        kept.append(ScoredGroups([p for p, k in zip(problems, keep) if k], rollout.select(rows),
-                                 rewards[rows], correct[rows]))
+        kept.append(ScoredGroups([p for p, k in zip(problems, keep) if k], rollout.select(rows), rewards[rows],
+                                 scores.correct[rows], {k: v[rows] for k, v in scores.parts.items()}))
         kept_groups += int(keep.sum())
         if kept_groups >= prompts_per_step:
             break
@@ -90,4 +90,6 @@ def collect_groups(sampler: PromptSampler, engine: RolloutEngine, encode: Callab
     return ScoredGroups(problems=problems, rollout=rollout,
                         rewards=torch.cat([part.rewards for part in kept])[:n],
                         correct=torch.cat([part.correct for part in kept])[:n],
-                        rounds=rounds, dropped_groups=dropped, seconds=seconds)
+                        reward_parts={k: torch.cat([part.reward_parts[k] for part in kept])[:n]
+                                      for k in kept[0].reward_parts},
+                        reward_errors=errors, rounds=rounds, dropped_groups=dropped, seconds=seconds)

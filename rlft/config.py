@@ -73,9 +73,11 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     """Prompts and reference answers; `arithmetic` is generated, `jsonl` reads prompt/answer rows."""
-    name: str = "arithmetic"               # arithmetic | jsonl
-    min_operand: int = 10                  # arithmetic: operand range
+    name: str = "arithmetic"               # arithmetic | countdown | multistep | jsonl
+    min_operand: int = 10                  # arithmetic: operand range; countdown, multistep: numbers up to max
     max_operand: int = 99
+    operands: int = 4                      # countdown, multistep: numbers per problem
+    size: int = 10000                      # countdown, multistep: training problems generated
     eval_size: int = 500                   # held-out problems (arithmetic, or split off a JSONL without eval_path)
     split_seed: int = 0                    # fixes which problems are held out
     path: Optional[str] = None             # jsonl: training rows
@@ -86,8 +88,15 @@ class DataConfig:
 
 @dataclass
 class RewardConfig:
-    """Reward function by registry name: (prompt, completion, answer) -> float."""
-    name: str = "exact_match"
+    """Reward functions (rlft.rewards): built-in names or `module:function`, summed with weights."""
+    fns: list[str] = field(default_factory=lambda: ["exact_match"])
+    weights: Optional[list[float]] = None  # one per fn; null = 1 each
+    accuracy: str = "exact_match"          # the fn whose full marks (>= 1) count as correct (train/eval accuracy)
+    on_error: str = "raise"                # raise: stop with one error naming fn and sample; zero: score 0, count it
+    timeout_s: float = 10.0                # per call of a user fn (import path), run in a worker process
+    workers: int = 2                       # processes for user fns
+    format_pattern: str = r"<think>.*?</think>\s*<answer>.*?</answer>"  # the `format` reward's regex
+    length_target: Optional[int] = None    # `length_penalty`: tokens without penalty; null = max_new_tokens // 2
 
 
 @dataclass
@@ -224,6 +233,10 @@ def validate(cfg: RunConfig) -> None:
     if r.engine != "vllm" and (r.enable_sleep_mode or not r.in_process or r.tensor_parallel_size > 1):
         raise ConfigError("rollout.enable_sleep_mode, rollout.in_process=false and rollout.tensor_parallel_size "
                           f"need rollout=vllm (this run uses rollout.engine={r.engine})")
+    _choice("reward.on_error", cfg.reward.on_error, ("raise", "zero"))
+    _at_least("reward.workers", cfg.reward.workers, 1)
+    if cfg.reward.timeout_s <= 0:
+        raise ConfigError(f"reward.timeout_s must be > 0 (got {cfg.reward.timeout_s})")
     if cfg.logger.mode is not None:
         _choice("logger.mode", cfg.logger.mode, ("online", "offline", "disabled"))
     _choice("rollout.weight_sync", r.weight_sync, WEIGHT_SYNCS)

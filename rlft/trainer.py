@@ -28,7 +28,7 @@ from rlft.learner.worker import LearnerWorker
 from rlft.models.loading import load_tokenizer, resolve_model_path
 from rlft.monitor import Monitor, read_metrics, truncate_metrics
 from rlft.wandb_sink import WandbSink
-from rlft.rewards import REWARDS, exact_match, score
+from rlft.rewards.scorer import RewardScorer
 from rlft.rollout import build_engine
 from rlft.rollout.base import RolloutEngine, SamplingParams
 
@@ -38,7 +38,7 @@ def train(cfg: RunConfig, run_dir: Path) -> dict:
     validate(cfg)
     model_path = resolve_model_path(cfg.model.path)
     train_problems, held_out = load_task(cfg.data)
-    reward_fn = REWARDS.get(cfg.reward.name)
+    scorer = RewardScorer(cfg.reward, max_response_tokens=cfg.rollout.max_new_tokens)
     resume_from = latest_checkpoint(Path(cfg.resume)) if cfg.resume else None
     if cfg.hardware.device == "cuda" and not cfg.hardware.ray and not torch.cuda.is_available():
         raise ConfigError("hardware.device=cuda but torch sees no GPU here (hardware=cpu runs on the CPU)")
@@ -58,14 +58,15 @@ def train(cfg: RunConfig, run_dir: Path) -> dict:
         learner = LearnerWorker(cfg, model_path)
         engine = build_engine(cfg.rollout, model_path, cfg.model.dtype, device, tokenizer, seed=cfg.seed)
     try:
-        return _run(cfg, run_dir, learner, engine, tokenizer, train_problems, held_out, reward_fn, resume_from)
+        return _run(cfg, run_dir, learner, engine, tokenizer, train_problems, held_out, scorer, resume_from)
     finally:
+        scorer.close()
         if cluster is not None:
             cluster.shutdown()
 
 
 def _run(cfg: RunConfig, run_dir: Path, learner, engine: RolloutEngine, tokenizer, train_problems, held_out,
-         reward_fn, resume_from) -> dict:
+         scorer: RewardScorer, resume_from) -> dict:
     algo, rollout_cfg, trainer_cfg = cfg.algo, cfg.rollout, cfg.trainer
     sampler = PromptSampler(train_problems, seed=cfg.seed)
     sampling = SamplingParams(n=algo.group_size, temperature=rollout_cfg.temperature,
@@ -76,9 +77,6 @@ def _run(cfg: RunConfig, run_dir: Path, learner, engine: RolloutEngine, tokenize
     if algo.overlong.enabled:
         overlong = Overlong(max_len=rollout_cfg.max_new_tokens, penalty=algo.overlong.penalty,
                             buffer=algo.overlong.buffer or max(1, rollout_cfg.max_new_tokens // 4))
-
-    def score_fn(prompts: list[str], completions: list[str], answers: list[str]) -> list[float]:
-        return score(reward_fn, cfg.reward.name, prompts, completions, answers)
 
     def decode(ids: torch.Tensor) -> list[str]:
         return tokenizer.batch_decode(ids, skip_special_tokens=True)
@@ -98,14 +96,14 @@ def _run(cfg: RunConfig, run_dir: Path, learner, engine: RolloutEngine, tokenize
                       wandb=WandbSink(cfg, run_dir) if cfg.logger.wandb else None)
     monitor.print(describe_batch(cfg, len(train_problems), len(held_out), micro_batch, start_step))
     if start_step == 0:
-        monitor.log(evaluate(engine, tokenizer, held_out, rollout_cfg.max_new_tokens, reward_fn, step=0))
+        monitor.log(evaluate(engine, tokenizer, held_out, rollout_cfg.max_new_tokens, scorer, step=0))
 
     saved = [start_step]  # steps checkpointed by this invocation, newest last
 
     def evaluate_and_checkpoint(step: int) -> bool:
         """The end of every step: held-out eval and checkpoint when due. True when this invocation stops."""
         if step % trainer_cfg.eval_every == 0 or step == trainer_cfg.steps:
-            monitor.log(evaluate(engine, tokenizer, held_out, rollout_cfg.max_new_tokens, reward_fn, step))
+            monitor.log(evaluate(engine, tokenizer, held_out, rollout_cfg.max_new_tokens, scorer, step))
         stopping = step == trainer_cfg.exit_after_step
         if step % trainer_cfg.save_every == 0 or step == trainer_cfg.steps or stopping:
             state = TrainerState(step=step, sampler_position=sampler.position,
@@ -123,7 +121,7 @@ def _run(cfg: RunConfig, run_dir: Path, learner, engine: RolloutEngine, tokenize
             # ---- 1-3. Sample prompts, generate a group of responses each, score them
             #           (with dynamic sampling: only groups with mixed rewards, sampling again to fill).
             scored = collect_groups(
-                sampler, engine, tokenizer.encode, decode, score_fn, sampling, tokenizer.pad_token_id,
+                sampler, engine, tokenizer.encode, decode, scorer.score, sampling, tokenizer.pad_token_id,
                 prompts_per_step=trainer_cfg.prompts_per_step, dynamic_sampling=algo.dynamic_sampling,
                 max_sampling_rounds=algo.max_sampling_rounds, overlong=overlong)
             rollout, rewards = scored.rollout, scored.rewards
@@ -173,6 +171,8 @@ def _run(cfg: RunConfig, run_dir: Path, learner, engine: RolloutEngine, tokenize
             lengths = rollout.response_lengths.float()
             row |= {"train/reward_mean": rewards.mean().item(), "train/reward_std": rewards.std().item(),
                    "train/accuracy": scored.correct.mean().item(),
+                   **{f"reward/{k}": v.mean().item() for k, v in scored.reward_parts.items()},
+                   "reward/errors": scored.reward_errors,
                    "train/clip_frac": train_metrics.get("clip_frac_low", 0.0) + train_metrics.get("clip_frac_high", 0.0),
                    **{f"train/{k}": v for k, v in train_metrics.items() if not k.startswith("logprob_diff")},
                    "train/lr": learner.lr,
@@ -240,16 +240,16 @@ def eps_high_at(step: int, algo) -> float:
 
 
 @torch.no_grad()
-def evaluate(engine: RolloutEngine, tokenizer, problems: list[Problem], max_new_tokens: int, reward_fn,
-             step: int) -> dict:
-    """Greedy decoding on the held-out problems: exact-match accuracy and the configured reward."""
+def evaluate(engine: RolloutEngine, tokenizer, problems: list[Problem], max_new_tokens: int,
+             scorer: RewardScorer, step: int) -> dict:
+    """Greedy decoding on the held-out problems: accuracy (reward.accuracy) and the configured reward."""
     rollout = engine.generate([tokenizer.encode(p.prompt) for p in problems],
                               SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens))
     completions = tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
-    correct = [exact_match(p.prompt, c, p.answer) for p, c in zip(problems, completions)]
-    rewards = [float(reward_fn(p.prompt, c, p.answer)) for p, c in zip(problems, completions)]
-    return {"step": step, "kind": "eval", "eval/accuracy": sum(correct) / len(correct),
-            "eval/reward_mean": sum(rewards) / len(rewards), "eval/size": len(problems),
+    scores = scorer.score(problems, completions, rollout.response_lengths.tolist())
+    rewards = scores.total.tolist()
+    return {"step": step, "kind": "eval", "eval/accuracy": scores.correct.mean().item(),
+            "eval/reward_mean": scores.total.mean().item(), "eval/size": len(problems),
             "eval/samples": [{"prompt": p.prompt, "completion": c, "answer": p.answer, "reward": r}
                              for p, c, r in list(zip(problems, completions, rewards))[:4]]}
 

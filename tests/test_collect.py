@@ -6,6 +6,7 @@ from rlft.algos.shaping import mixed_groups
 from rlft.collect import Overlong, collect_groups
 from rlft.data.arithmetic import split_problems
 from rlft.data.sampler import PromptSampler
+from rlft.rewards.scorer import Scores
 from rlft.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
 from rlft.rollout.base import SamplingParams
 from rlft.rollout.hf_engine import HFEngine
@@ -23,12 +24,20 @@ def half_constant_reward(prompts, completions, answers):
     return [1.0 if first_operand_is_even(p) else float(len(c) % 2) for p, c in zip(prompts, completions)]
 
 
+def as_score_fn(rewards):
+    """A ScoreFn from (prompts, completions, answers) -> rewards; correct = reward 1."""
+    def score(problems, completions, response_tokens):
+        total = torch.tensor(rewards([p.prompt for p in problems], completions, [p.answer for p in problems]))
+        return Scores(total=total, correct=(total >= 1).float(), parts={"test": total}, errors=0)
+    return score
+
+
 def collect(score, prompts_per_step=6, rounds=3, dynamic=True, overlong=None, seed=0):
     problems, _ = split_problems(10, 99, 500, 0)
     sampler = PromptSampler(problems, seed=seed)
     engine = HFEngine(load_causal_lm(PATH, "float32", "cpu"), TOKENIZER.pad_token_id, [TOKENIZER.eos_token_id], seed)
     scored = collect_groups(sampler, engine, TOKENIZER.encode,
-                            lambda ids: TOKENIZER.batch_decode(ids, skip_special_tokens=True), score,
+                            lambda ids: TOKENIZER.batch_decode(ids, skip_special_tokens=True), as_score_fn(score),
                             SamplingParams(n=4, temperature=1.0, max_new_tokens=6), TOKENIZER.pad_token_id,
                             prompts_per_step=prompts_per_step, dynamic_sampling=dynamic,
                             max_sampling_rounds=rounds, overlong=overlong)
@@ -48,6 +57,7 @@ def test_dynamic_sampling_keeps_only_mixed_groups_and_counts_what_it_dropped():
     completions = TOKENIZER.batch_decode(scored.rollout.response_ids, skip_special_tokens=True)
     prompts = [p.prompt for p in scored.problems for _ in range(4)]
     assert half_constant_reward(prompts, completions, None) == scored.rewards.tolist()
+    assert scored.reward_parts["test"].tolist() == scored.rewards.tolist()  # the parts follow the kept rows
 
 
 def test_dynamic_sampling_stops_after_max_rounds_and_may_keep_nothing():

@@ -47,7 +47,9 @@ ERRORS = [
     (["algo.loss_agg=mean"], "algo.loss_agg='mean' is not one of: token_mean, seq_mean_token_mean"),
     (["algo.group_size=1"], "algo.group_size must be >= 2 (got 1)"),
     (["data=jsonl", "data.path=/no/such.jsonl"], "data file '/no/such.jsonl' does not exist"),
-    (["reward.name=nope"], "unknown reward 'nope' (available: exact_match)"),
+    (["reward.fns=[nope]"], "unknown reward 'nope' (available: answer_match, countdown, exact_match, format"),
+    (["reward.fns=[exact_match,format]", "reward.weights=[1.0]"], "reward.weights has 1 values for 2 reward.fns"),
+    (["reward.on_error=ignore"], "reward.on_error='ignore' is not one of: raise, zero"),
     (["resume=/no/such/run"], "resume='/no/such/run': no config.yaml there"),
     (["rollout.enable_sleep_mode=true"], "rollout.enable_sleep_mode, rollout.in_process=false and "
                                          "rollout.tensor_parallel_size need rollout=vllm"),

@@ -39,7 +39,7 @@ class LearnerActor:
         self.cfg, self.model_path, self.rank, self.world = cfg, model_path, rank, world
         self.device = cfg.hardware.device
         self.updates = 0
-        self.sync_group = None
+        self.broadcaster = None
 
     def free_address(self) -> tuple[str, int]:
         """This node's address and a free port on it, for a group's store."""
@@ -83,13 +83,13 @@ class LearnerActor:
         from rlft.sync.broadcast import WeightBroadcaster, open_sync_group
         backend = "nccl" if self.device == "cuda" else "gloo"
         group = open_sync_group(host, port, 0, world, backend)
-        self.sync_group = WeightBroadcaster(group, src=0, bucket_bytes=bucket_bytes, device=self.device)
+        self.broadcaster = WeightBroadcaster(group, src=0, bucket_bytes=bucket_bytes, device=self.device)
 
     def send_weights(self) -> SyncStats | None:
         """Every rank takes part in gathering the weights (FSDP); rank 0 broadcasts them."""
         weights = self.worker.full_weights()
         if self.rank == 0:
-            return self.sync_group.send(weights.items())
+            return self.broadcaster.send(weights.items())
         return None
 
     def save_checkpoint(self, run_dir: Path, state: TrainerState, keep: int) -> None:

@@ -1,13 +1,23 @@
-"""Reward functions: (prompt, completion, answer) -> float, looked up by name (`reward.name`)."""
+"""Reward functions: `fn(prompt, completion, answer, **fields) -> float | dict[str, float]`.
+
+`reward.fns` names them: a registered name (the built-ins of rlft.rewards.builtin) or a user function by
+import path, `mypkg.rewards:score`. A function gets, as keyword arguments, the prompt, the completion,
+the reference answer, `response_tokens` (the completion's length in tokens) and the row's other fields,
+each only if its signature names it (or takes **kwargs). A dict result is a set of named parts that add up.
+"""
 
 from __future__ import annotations
 
-from typing import Callable
+import importlib
+import inspect
+import os
+import sys
+from typing import Any, Callable
 
-from rlft.errors import RewardError
+from rlft.errors import ConfigError
 from rlft.registry import Registry
 
-RewardFn = Callable[[str, str, str], float]
+RewardFn = Callable[..., Any]
 REWARDS: Registry[RewardFn] = Registry("reward")
 
 
@@ -17,13 +27,35 @@ def exact_match(prompt: str, completion: str, answer: str) -> float:
     return float(completion.strip() == answer.strip())
 
 
-def score(fn: RewardFn, name: str, prompts: list[str], completions: list[str], answers: list[str]) -> list[float]:
-    rewards = []
-    for index, (prompt, completion, answer) in enumerate(zip(prompts, completions, answers)):
-        try:
-            value = float(fn(prompt, completion, answer))
-        except Exception as err:
-            raise RewardError(f"reward '{name}' raised on sample {index} (prompt {prompt!r}, "
-                               f"completion {completion!r}): {type(err).__name__}: {err}") from err
-        rewards.append(value)
-    return rewards
+def is_import_path(name: str) -> bool:
+    return ":" in name
+
+
+def resolve_reward(name: str) -> RewardFn:
+    """A registered reward, or `module.path:function`; ConfigError naming what is wrong."""
+    if not is_import_path(name):
+        import rlft.rewards.builtin  # noqa: F401  (registers the built-ins)
+        return REWARDS.get(name)
+    module_name, _, attribute = name.partition(":")
+    if os.getcwd() not in sys.path:  # `rlft train` finds the user's module where it runs, as `python -m` would
+        sys.path.append(os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ConfigError(f"reward '{name}': cannot import module '{module_name}' ({err})") from None
+    fn = getattr(module, attribute, None)
+    if not callable(fn):
+        raise ConfigError(f"reward '{name}': module '{module_name}' has no function '{attribute}'")
+    return fn
+
+
+def call_reward(fn: RewardFn, arguments: dict[str, Any]) -> Any:
+    """fn with the arguments its signature accepts."""
+    return fn(**accepted_arguments(fn, arguments))
+
+
+def accepted_arguments(fn: RewardFn, arguments: dict[str, Any]) -> dict[str, Any]:
+    parameters = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return arguments
+    return {k: v for k, v in arguments.items() if k in parameters}

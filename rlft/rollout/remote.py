@@ -10,6 +10,7 @@ samples what the failed one would have.
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 from typing import Iterable
@@ -98,7 +99,6 @@ class RemoteEngine:
         self.workers = [self._spawn(i) for i in range(len(self.bundles))]
         self.rng_states = self._wait([w.rng_state.remote() for w in self.workers])
         self.version = 0  # changes whenever a worker is replaced: the weight-sync group must be formed anew
-        self.restarts = 0
 
     def _spawn(self, index: int):
         options = actor_options(self.cfg, self.placement_group, self.bundles[index],
@@ -108,15 +108,13 @@ class RemoteEngine:
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollout:
         shares = [rank_rows(len(prompts), i, len(self.workers)) for i in range(len(self.workers))]
         busy = [i for i, rows in enumerate(shares) if len(rows)]
-        for attempt in range(self.cfg.hardware.max_rollout_restarts + 1):
+        for attempt in itertools.count():
             try:
                 results = wait_all([self.workers[i].generate.remote(prompts[shares[i].start:shares[i].stop], params)
                                     for i in busy])
                 break
-            except ActorLost as lost:
+            except ActorLost as lost:  # replace() gives up (WorkerDied) past hardware.max_rollout_restarts
                 self.replace(busy[lost.index], lost.error, attempt)
-        else:
-            raise WorkerDied(f"rollout worker died {self.cfg.hardware.max_rollout_restarts + 1} times in one call")
         for i, (_, state) in zip(busy, results):
             self.rng_states[i] = state
         return concat_rollouts([rollout for rollout, _ in results], self.pad_id)
@@ -128,7 +126,7 @@ class RemoteEngine:
         self.weight_source.push_weights(self)
 
     def replace_all(self, error: Exception, attempt: int) -> None:
-        """After a death during the weight sync: the survivors wait in a broken group, so all go."""
+        """After a death during the weight sync: the group is broken for the survivors too, so all go."""
         self._respawn(list(range(len(self.workers))), error, attempt)
 
     def _respawn(self, indices: list[int], error: Exception, attempt: int) -> None:
@@ -136,7 +134,6 @@ class RemoteEngine:
         limit = self.cfg.hardware.max_rollout_restarts
         if attempt >= limit:
             raise WorkerDied(f"rollout workers {indices} died again after {limit} restarts in one call ({error})")
-        self.restarts += 1
         print(f"rlft: rollout worker died ({type(error).__name__}); starting fresh worker(s) {indices} "
               f"(restart {attempt + 1} of at most {limit} for this call; logs in the run's ray_logs/)",
               file=sys.stderr, flush=True)
