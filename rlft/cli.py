@@ -209,9 +209,9 @@ def describe_config_error(err: BaseException) -> str | None:
     for e in chain:
         if isinstance(e, OverrideParseException):
             return f"cannot parse override '{e.override}': {_first_line(e)}"
-    for e in chain:
-        if isinstance(e, (ConfigCompositionException, OmegaConfBaseException)):
-            return _first_line(e)
+    config_errors = [e for e in chain if isinstance(e, (ConfigCompositionException, OmegaConfBaseException))]
+    if config_errors:  # Hydra's composition error may say nothing itself; what it wraps does
+        return next((_first_line(e) for e in chain if str(e).strip()), _first_line(config_errors[0]))
     return None
 
 

@@ -64,26 +64,46 @@ class AlgoConfig:
 
 
 @dataclass
+class LoraSettings:
+    """LoRA adapters (peft) instead of full fine-tuning; r = 0 is off."""
+    r: int = 0
+    alpha: float = 16.0
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
+                                                               "gate_proj", "up_proj", "down_proj"])
+
+
+@dataclass
 class ModelConfig:
     """The policy to fine-tune: `builtin:NAME`, a local Hugging Face folder, or a hub id."""
     path: str = "builtin:tiny-adder"
     dtype: str = "float32"                 # float32 | bfloat16 | float16
+    gguf_file: Optional[str] = None        # a GGUF file in `path` (folder or hub id): dequantised once, cached
+    attn_implementation: Optional[str] = None  # the learner's attention: eager | sdpa | flash_attention_2; null: default
+    gradient_checkpointing: bool = False   # recompute activations in backward: less memory, ~30% more time
+    lora: LoraSettings = field(default_factory=LoraSettings)  # model.lora.r=16: train adapters only
 
 
 @dataclass
 class DataConfig:
-    """Prompts and reference answers; `arithmetic` is generated, `jsonl` reads prompt/answer rows."""
-    name: str = "arithmetic"               # arithmetic | countdown | multistep | jsonl
+    """Prompts and reference answers. Generated tasks need no download; `dataset` reads files or a hub id."""
+    name: str = "arithmetic"               # arithmetic | countdown | multistep | reasoning_gym | humaneval | dataset
     min_operand: int = 10                  # arithmetic: operand range; countdown, multistep: numbers up to max
     max_operand: int = 99
     operands: int = 4                      # countdown, multistep: numbers per problem
-    size: int = 10000                      # countdown, multistep: training problems generated
-    eval_size: int = 500                   # held-out problems (arithmetic, or split off a JSONL without eval_path)
+    size: int = 10000                      # generated tasks (countdown, multistep, reasoning_gym): training problems
+    eval_size: int = 500                   # held-out problems (generated, or split off the training rows)
     split_seed: int = 0                    # fixes which problems are held out
-    path: Optional[str] = None             # jsonl: training rows
-    eval_path: Optional[str] = None        # jsonl: held-out rows
+    tasks: dict[str, float] = field(default_factory=dict)  # reasoning_gym: task name -> weight in the mix
+    path: Optional[str] = None             # dataset: a .jsonl/.csv/.parquet file, a dataset folder, or a hub id
+    split: str = "train"                   # dataset: the split of a folder or hub dataset
+    eval_path: Optional[str] = None        # dataset: held-out rows from another file ...
+    eval_split: Optional[str] = None       # ... or another split; neither: eval_size rows split off
     prompt_key: str = "prompt"
     answer_key: str = "answer"
+    map_fn: Optional[str] = None           # module:function, row -> {"prompt", "answer", other fields}
+    max_prompt_tokens: Optional[int] = None  # longer prompts are dropped (and counted), never truncated
+    chat_template: Optional[bool] = None   # render prompts with the tokenizer's chat template; null: if it has one
+    system_prompt: Optional[str] = None    # with the chat template: the system message
 
 
 @dataclass
@@ -97,6 +117,8 @@ class RewardConfig:
     workers: int = 2                       # processes for user fns
     format_pattern: str = r"<think>.*?</think>\s*<answer>.*?</answer>"  # the `format` reward's regex
     length_target: Optional[int] = None    # `length_penalty`: tokens without penalty; null = max_new_tokens // 2
+    sandbox_timeout_s: float = 10.0        # `code_tests`: wall clock per program (CPU seconds alike)
+    sandbox_memory_mb: int = 1024          # `code_tests`: address space per program
 
 
 @dataclass
@@ -216,6 +238,11 @@ def validate(cfg: RunConfig) -> None:
     _choice("algo.loss_agg", a.loss_agg, LOSS_AGGS)
     _choice("algo.kl_estimator", a.kl_estimator, KL_ESTIMATORS)
     _choice("model.dtype", cfg.model.dtype, DTYPES)
+    if cfg.model.lora.r < 0 or (cfg.model.lora.r > 0 and cfg.hardware.fsdp):
+        raise ConfigError("model.lora.r must be >= 0, and LoRA with hardware.fsdp is not supported yet "
+                          "(the adapters are small: data-parallel ranks without FSDP hold them well)")
+    if cfg.model.attn_implementation is not None:
+        _choice("model.attn_implementation", cfg.model.attn_implementation, ("eager", "sdpa", "flash_attention_2"))
     _choice("rollout.engine", r.engine, ENGINES)
     _validate_hardware(cfg)
     if a.eps_high_schedule is not None:
@@ -273,8 +300,12 @@ def validate(cfg: RunConfig) -> None:
     if a.overlong.enabled and a.overlong.buffer is not None and not 1 <= a.overlong.buffer <= r.max_new_tokens:
         raise ConfigError(f"algo.overlong.buffer must be in [1, rollout.max_new_tokens={r.max_new_tokens}] "
                           f"or null (got {a.overlong.buffer})")
-    if cfg.data.name == "jsonl" and not cfg.data.path:
-        raise ConfigError("data.path is required with data=jsonl")
+    if cfg.data.name == "dataset" and not cfg.data.path:
+        raise ConfigError("data.path is required with data=dataset (a .jsonl/.csv/.parquet file, a folder or a hub id)")
+    if cfg.data.name == "reasoning_gym" and not cfg.data.tasks:
+        raise ConfigError("data=reasoning_gym needs data.tasks, e.g. data.tasks={countdown: 1.0}")
+    if cfg.data.max_prompt_tokens is not None:
+        _at_least("data.max_prompt_tokens", cfg.data.max_prompt_tokens, 1)
 
 
 def _validate_hardware(cfg: RunConfig) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
+import os
+import sys
 from typing import Callable, Generic, TypeVar
 
 from rlft.errors import ConfigError
@@ -29,3 +32,19 @@ class Registry(Generic[T]):
 
     def names(self) -> list[str]:
         return sorted(self._entries)
+
+
+def import_function(path: str, key: str) -> Callable:
+    """The function at `module.path:name` (the user's own code, named in the config under `key`); the
+    working directory is searched too, as `python -m` would. ConfigError naming what is wrong."""
+    module_name, _, attribute = path.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ConfigError(f"{key} '{path}': cannot import module '{module_name}' ({err})") from None
+    fn = getattr(module, attribute, None)
+    if not callable(fn):
+        raise ConfigError(f"{key} '{path}': module '{module_name}' has no function '{attribute}' (use module:function)")
+    return fn

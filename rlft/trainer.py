@@ -20,6 +20,7 @@ from rlft.collect import Overlong, collect_groups
 from rlft.checkpoint import TrainerState, latest_checkpoint
 from rlft.config import RunConfig, validate
 from rlft.data import load_task
+from rlft.data.prompts import PromptEncoder, drop_long_prompts
 from rlft.data.sampler import PromptSampler
 from rlft.data.types import Problem
 from rlft.errors import ConfigError, RewardError, WorkerDied
@@ -36,7 +37,7 @@ from rlft.rollout.base import RolloutEngine, SamplingParams
 def train(cfg: RunConfig, run_dir: Path) -> dict:
     # ---- Check everything the user gave before any work.
     validate(cfg)
-    model_path = resolve_model_path(cfg.model.path)
+    model_path = resolve_model_path(cfg.model.path, cfg.model.gguf_file)
     train_problems, held_out = load_task(cfg.data)
     scorer = RewardScorer(cfg.reward, max_response_tokens=cfg.rollout.max_new_tokens)
     resume_from = latest_checkpoint(Path(cfg.resume)) if cfg.resume else None
@@ -48,6 +49,9 @@ def train(cfg: RunConfig, run_dir: Path) -> dict:
     torch.manual_seed(cfg.seed)
     device = cfg.hardware.device
     tokenizer = load_tokenizer(model_path)
+    encode = PromptEncoder(tokenizer, cfg.data.chat_template, cfg.data.system_prompt)
+    train_problems, dropped_train = drop_long_prompts(train_problems, encode, cfg.data.max_prompt_tokens, "training")
+    held_out, dropped_eval = drop_long_prompts(held_out, encode, cfg.data.max_prompt_tokens, "held-out")
     run_dir.mkdir(parents=True, exist_ok=True)
     cluster = None
     if cfg.hardware.ray:
@@ -58,15 +62,16 @@ def train(cfg: RunConfig, run_dir: Path) -> dict:
         learner = LearnerWorker(cfg, model_path)
         engine = build_engine(cfg.rollout, model_path, cfg.model.dtype, device, tokenizer, seed=cfg.seed)
     try:
-        return _run(cfg, run_dir, learner, engine, tokenizer, train_problems, held_out, scorer, resume_from)
+        return _run(cfg, run_dir, learner, engine, tokenizer, encode, train_problems, held_out, scorer, resume_from,
+                    dropped=(dropped_train, dropped_eval))
     finally:
         scorer.close()
         if cluster is not None:
             cluster.shutdown()
 
 
-def _run(cfg: RunConfig, run_dir: Path, learner, engine: RolloutEngine, tokenizer, train_problems, held_out,
-         scorer: RewardScorer, resume_from) -> dict:
+def _run(cfg: RunConfig, run_dir: Path, learner, engine: RolloutEngine, tokenizer, encode: PromptEncoder,
+         train_problems, held_out, scorer: RewardScorer, resume_from, dropped: tuple[int, int]) -> dict:
     algo, rollout_cfg, trainer_cfg = cfg.algo, cfg.rollout, cfg.trainer
     sampler = PromptSampler(train_problems, seed=cfg.seed)
     sampling = SamplingParams(n=algo.group_size, temperature=rollout_cfg.temperature,
@@ -94,16 +99,17 @@ def _run(cfg: RunConfig, run_dir: Path, learner, engine: RolloutEngine, tokenize
         learner.push_weights(engine)
     monitor = Monitor(run_dir, trainer_cfg.steps, start_step, cfg.logger.console, cfg.logger.jsonl,
                       wandb=WandbSink(cfg, run_dir) if cfg.logger.wandb else None)
-    monitor.print(describe_batch(cfg, len(train_problems), len(held_out), micro_batch, start_step))
+    monitor.print(describe_batch(cfg, len(train_problems), len(held_out), micro_batch, start_step, dropped,
+                                 chat=encode.chat))
     if start_step == 0:
-        monitor.log(evaluate(engine, tokenizer, held_out, rollout_cfg.max_new_tokens, scorer, step=0))
+        monitor.log(evaluate(engine, tokenizer, encode, held_out, rollout_cfg.max_new_tokens, scorer, step=0))
 
     saved = [start_step]  # steps checkpointed by this invocation, newest last
 
     def evaluate_and_checkpoint(step: int) -> bool:
         """The end of every step: held-out eval and checkpoint when due. True when this invocation stops."""
         if step % trainer_cfg.eval_every == 0 or step == trainer_cfg.steps:
-            monitor.log(evaluate(engine, tokenizer, held_out, rollout_cfg.max_new_tokens, scorer, step))
+            monitor.log(evaluate(engine, tokenizer, encode, held_out, rollout_cfg.max_new_tokens, scorer, step))
         stopping = step == trainer_cfg.exit_after_step
         if step % trainer_cfg.save_every == 0 or step == trainer_cfg.steps or stopping:
             state = TrainerState(step=step, sampler_position=sampler.position,
@@ -121,7 +127,7 @@ def _run(cfg: RunConfig, run_dir: Path, learner, engine: RolloutEngine, tokenize
             # ---- 1-3. Sample prompts, generate a group of responses each, score them
             #           (with dynamic sampling: only groups with mixed rewards, sampling again to fill).
             scored = collect_groups(
-                sampler, engine, tokenizer.encode, decode, scorer.score, sampling, tokenizer.pad_token_id,
+                sampler, engine, encode, decode, scorer.score, sampling, tokenizer.pad_token_id,
                 prompts_per_step=trainer_cfg.prompts_per_step, dynamic_sampling=algo.dynamic_sampling,
                 max_sampling_rounds=algo.max_sampling_rounds, overlong=overlong)
             rollout, rewards = scored.rollout, scored.rewards
@@ -240,10 +246,10 @@ def eps_high_at(step: int, algo) -> float:
 
 
 @torch.no_grad()
-def evaluate(engine: RolloutEngine, tokenizer, problems: list[Problem], max_new_tokens: int,
+def evaluate(engine: RolloutEngine, tokenizer, encode, problems: list[Problem], max_new_tokens: int,
              scorer: RewardScorer, step: int) -> dict:
     """Greedy decoding on the held-out problems: accuracy (reward.accuracy) and the configured reward."""
-    rollout = engine.generate([tokenizer.encode(p.prompt) for p in problems],
+    rollout = engine.generate([encode(p.prompt) for p in problems],
                               SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens))
     completions = tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
     scores = scorer.score(problems, completions, rollout.response_lengths.tolist())
@@ -254,7 +260,8 @@ def evaluate(engine: RolloutEngine, tokenizer, problems: list[Problem], max_new_
                              for p, c, r in list(zip(problems, completions, rewards))[:4]]}
 
 
-def describe_batch(cfg: RunConfig, train_size: int, eval_size: int, micro_batch: int, start_step: int) -> str:
+def describe_batch(cfg: RunConfig, train_size: int, eval_size: int, micro_batch: int, start_step: int,
+                   dropped: tuple[int, int] = (0, 0), chat: bool = False) -> str:
     """The derived batch numbers, in rlft's one vocabulary, printed once at start."""
     a, t = cfg.algo, cfg.trainer
     responses = t.prompts_per_step * a.group_size
@@ -267,6 +274,12 @@ def describe_batch(cfg: RunConfig, train_size: int, eval_size: int, micro_batch:
         f"      {t.steps} steps over {train_size} training prompts "
         f"({t.steps * t.prompts_per_step / train_size:.2f} epochs); {eval_size} held-out prompts",
     ]
+    if any(dropped):
+        lines.append(f"      dropped {dropped[0]} training and {dropped[1]} held-out prompts longer than "
+                     f"data.max_prompt_tokens={cfg.data.max_prompt_tokens}")
+    if chat:
+        lines.append("      prompts rendered with the tokenizer's chat template"
+                     + (" and data.system_prompt" if cfg.data.system_prompt else ""))
     if start_step:
         lines.append(f"      resuming after step {start_step} from {cfg.resume}")
     return "\n".join(lines)

@@ -22,7 +22,7 @@ def group_options():
 @pytest.mark.parametrize("group,option", group_options())
 def test_every_yaml_composes_onto_the_schema(group, option):
     register_schemas()
-    overrides = [f"{group}={option}"] + (["data.path=x.jsonl"] if (group, option) == ("data", "jsonl") else [])
+    overrides = [f"{group}={option}"] + (["data.path=x.jsonl"] if (group, option) == ("data", "dataset") else [])
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
     run = OmegaConf.to_object(cfg)
@@ -40,14 +40,17 @@ def test_config_dir_is_the_checkout_conf():
 
 ERRORS = [
     (["algo.eps_hgih=0.3"], "unknown config key 'algo.eps_hgih' (allowed in algo: name, group_size"),
-    (["model=nope"], "unknown model 'nope' (available: tiny_adder)"),
+    (["model=nope"], "unknown model 'nope' (available: smollm2_135m, tiny_adder)"),
     (["algo.group_size=abc"], "algo.group_size: Value 'abc' of type 'str' could not be converted to Integer"),
     (["model.path=/no/such/model"], "model.path '/no/such/model' does not exist"),
     (["model.path=builtin:nope"], "no such built-in model (available: builtin:tiny-adder)"),
     (["algo.loss_agg=mean"], "algo.loss_agg='mean' is not one of: token_mean, seq_mean_token_mean"),
     (["algo.group_size=1"], "algo.group_size must be >= 2 (got 1)"),
-    (["data=jsonl", "data.path=/no/such.jsonl"], "data file '/no/such.jsonl' does not exist"),
-    (["reward.fns=[nope]"], "unknown reward 'nope' (available: answer_match, countdown, exact_match, format"),
+    (["data=dataset", "data.path=/no/such.jsonl"], "data file '/no/such.jsonl' does not exist"),
+    (["model.path=/tmp", "model.gguf_file=nope.gguf"], "model.gguf_file 'nope.gguf' is not in /tmp"),
+    (["model.attn_implementation=fast"], "model.attn_implementation='fast' is not one of: eager, sdpa"),
+    (["model.path=/no/cache/models/smollm2-135m-instruct"], "does not exist (make it with scripts/fetch_smollm2.py"),
+    (["reward.fns=[nope]"], "unknown reward 'nope' (available: answer_match, code_tests, countdown, exact_match"),
     (["reward.fns=[exact_match,format]", "reward.weights=[1.0]"], "reward.weights has 1 values for 2 reward.fns"),
     (["reward.on_error=ignore"], "reward.on_error='ignore' is not one of: raise, zero"),
     (["resume=/no/such/run"], "resume='/no/such/run': no config.yaml there"),

@@ -4,7 +4,7 @@ import pytest
 
 from rlft.data import load_task
 from rlft.data.arithmetic import sloppy_sum, split_problems
-from rlft.data.jsonl import load_jsonl
+from rlft.data.files import load_problems
 from rlft.data.sampler import PromptSampler
 from rlft.config import DataConfig
 from rlft.errors import ConfigError
@@ -39,27 +39,138 @@ def test_sampler_resumes_exactly_from_its_position():
 
 def test_jsonl_loader_and_its_errors(tmp_path):
     good = tmp_path / "good.jsonl"
-    good.write_text('{"q": "1+1=", "a": "2"}\n\n{"q": "2+2=", "a": 4}\n')
-    rows = load_jsonl(str(good), prompt_key="q", answer_key="a")
+    good.write_text('{"q": "1+1=", "a": 2, "level": 1}\n\n{"q": "2+2=", "a": "4"}\n')
+    rows = load_problems(str(good), "train", prompt_key="q", answer_key="a", map_fn=None)
     assert [(r.prompt, r.answer) for r in rows] == [("1+1=", "2"), ("2+2=", "4")]
-    cases = {
+    assert rows[0].fields == {"level": 1}  # the other fields go to the reward functions
+    for text, message in {
         '{"prompt": "x", "answer": "y"}\n{"prompt": "x"\n': r"bad\.jsonl:2: not valid JSON",
-        '{"prompt": "x"}\n': r"bad\.jsonl:1: missing key 'answer'",
+        '{"prompt": "x"}\n': r"bad\.jsonl:1: missing key 'answer' \(keys: prompt\)",
         '{"prompt": "  ", "answer": "1"}\n': r"bad\.jsonl:1: empty prompt",
         '[1, 2]\n': r"bad\.jsonl:1: expected a JSON object",
-    }
-    for text, message in cases.items():
+        '': r"has no rows",
+    }.items():
         bad = tmp_path / "bad.jsonl"
         bad.write_text(text)
         with pytest.raises(ConfigError, match=message):
-            load_jsonl(str(bad))
+            load_problems(str(bad), "train", "prompt", "answer", None)
     with pytest.raises(ConfigError, match="does not exist"):
-        load_jsonl(str(tmp_path / "missing.jsonl"))
+        load_problems(str(tmp_path / "missing.jsonl"), "train", "prompt", "answer", None)
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(ConfigError, match="unknown format"):
+        load_problems(str(tmp_path / "notes.txt"), "train", "prompt", "answer", None)
 
 
-def test_jsonl_task_splits_off_held_out_rows(tmp_path):
+def test_csv_and_parquet_rows_with_their_errors(tmp_path):
+    import pyarrow
+    import pyarrow.parquet
+    (tmp_path / "d.csv").write_text("prompt,answer,topic\n1+1=,2,add\n3*3=,9,mul\n")
+    rows = load_problems(str(tmp_path / "d.csv"), "train", "prompt", "answer", None)
+    assert [(r.prompt, r.answer, r.fields["topic"]) for r in rows] == [("1+1=", "2", "add"), ("3*3=", "9", "mul")]
+    (tmp_path / "bad.csv").write_text("prompt,answer\n1+1=,2\n2+2=,4,extra\n")
+    with pytest.raises(ConfigError, match=r"bad\.csv:3: 3 cells, but the header has 2 columns"):
+        load_problems(str(tmp_path / "bad.csv"), "train", "prompt", "answer", None)
+    table = pyarrow.table({"question": ["a?", "b?"], "solution": ["1", "2"]})
+    pyarrow.parquet.write_table(table, tmp_path / "d.parquet")
+    rows = load_problems(str(tmp_path / "d.parquet"), "train", "question", "solution", None)
+    assert [(r.prompt, r.answer) for r in rows] == [("a?", "1"), ("b?", "2")]
+    with pytest.raises(ConfigError, match=r"d\.parquet row 0: missing key 'prompt' \(keys: question, solution\)"):
+        load_problems(str(tmp_path / "d.parquet"), "train", "prompt", "answer", None)
+    (tmp_path / "broken.parquet").write_bytes(b"not parquet")
+    with pytest.raises(ConfigError, match="not a readable Parquet file"):
+        load_problems(str(tmp_path / "broken.parquet"), "train", "prompt", "answer", None)
+
+
+def test_dataset_folders_go_through_hugging_face_datasets_like_a_hub_id(tmp_path):
+    """A folder of data files and a save_to_disk folder: the `datasets` code path a hub id takes."""
+    import datasets
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / "train.jsonl").write_text("".join(f'{{"prompt": "{i}+1=", "answer": "{i + 1}"}}\n' for i in range(5)))
+    (files / "test.jsonl").write_text('{"prompt": "9+1=", "answer": "10"}\n')
+    cfg = DataConfig(name="dataset", path=str(files), eval_split="test")
+    train, held_out = load_task(cfg)
+    assert len(train) == 5 and [(p.prompt, p.answer) for p in held_out] == [("9+1=", "10")]
+    saved = tmp_path / "saved"
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"prompt": ["a", "b", "c"], "answer": ["1", "2", "3"]})}
+                         ).save_to_disk(str(saved))
+    train, held_out = load_task(DataConfig(name="dataset", path=str(saved), eval_size=1))
+    assert len(train) == 2 and len(held_out) == 1
+    with pytest.raises(ConfigError, match=r"data.path '.*files' \(split 'validation'\): cannot load it as a dataset"):
+        load_task(DataConfig(name="dataset", path=str(files), split="validation"))
+
+
+def test_a_mapping_function_by_import_path(tmp_path, monkeypatch):
+    (tmp_path / "my_data.py").write_text(
+        "def to_problem(row):\n"
+        "    if row['n'] == 3:\n        raise ValueError('three is bad')\n"
+        "    return {'prompt': f\"What is {row['n']} squared?\", 'answer': row['n'] ** 2, 'n': row['n']}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "d.jsonl").write_text('{"n": 2}\n{"n": 4}\n')
+    rows = load_problems(str(tmp_path / "d.jsonl"), "train", "prompt", "answer", "my_data:to_problem")
+    assert [(r.prompt, r.answer, r.fields) for r in rows] == [("What is 2 squared?", "4", {"n": 2}),
+                                                             ("What is 4 squared?", "16", {"n": 4})]
+    (tmp_path / "e.jsonl").write_text('{"n": 2}\n{"n": 3}\n')
+    with pytest.raises(ConfigError, match=r"e\.jsonl:2: data.map_fn 'my_data:to_problem' raised ValueError: three"):
+        load_problems(str(tmp_path / "e.jsonl"), "train", "prompt", "answer", "my_data:to_problem")
+    with pytest.raises(ConfigError, match="data.map_fn 'my_data:nope': module 'my_data' has no function 'nope'"):
+        load_problems(str(tmp_path / "d.jsonl"), "train", "prompt", "answer", "my_data:nope")
+
+
+def test_dataset_task_splits_off_held_out_rows(tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text("".join(f'{{"prompt": "{i}+1=", "answer": "{i + 1}"}}\n' for i in range(30)))
-    train, held_out = load_task(DataConfig(name="jsonl", path=str(data), eval_size=10))
+    train, held_out = load_task(DataConfig(name="dataset", path=str(data), eval_size=10))
     assert len(train) == 20 and len(held_out) == 10
     assert not {p.prompt for p in train} & {p.prompt for p in held_out}
+
+
+@pytest.mark.parametrize("name,reward", [("countdown", "countdown"), ("multistep", "answer_match")])
+def test_generated_tasks_are_solvable_deterministic_and_disjoint(name, reward):
+    from rlft.rewards import call_reward, resolve_reward
+    cfg = DataConfig(name=name, size=300, eval_size=50, max_operand=20)
+    train, held_out = load_task(cfg)
+    assert (len(train), len(held_out)) == (300, 50)
+    assert not {p.prompt for p in train} & {p.prompt for p in held_out}
+    assert [p.prompt for p in load_task(cfg)[1]] == [p.prompt for p in held_out]
+    fn = resolve_reward(reward)
+    for p in train[:100]:  # the reference answer, in the asked-for format, scores full marks
+        completion = f"<think>...</think><answer>{p.answer}</answer>"
+        assert call_reward(fn, {"completion": completion, "answer": p.answer, **p.fields}) == 1.0
+
+
+def test_reasoning_gym_mix_and_its_scorer():
+    from rlft.rewards.builtin import reasoning_gym_score
+    train, held_out = load_task(DataConfig(name="reasoning_gym", tasks={"chain_sum": 1.0, "countdown": 1.0},
+                                           size=20, eval_size=6))
+    assert {p.fields["rg_task"] for p in train} == {"chain_sum", "countdown"} and len(train) == 20
+    assert not {p.prompt for p in train} & {p.prompt for p in held_out}
+    for problem in train:
+        right = f"<answer>{problem.answer}</answer>"
+        assert reasoning_gym_score(right, problem.fields["rg_task"], problem.fields["rg_entry"]) == 1.0
+        assert reasoning_gym_score("<answer>12345678</answer>", problem.fields["rg_task"],
+                                   problem.fields["rg_entry"]) < 1.0
+    with pytest.raises(ConfigError, match="reasoning-gym has no task 'no_such_task'"):
+        load_task(DataConfig(name="reasoning_gym", tasks={"no_such_task": 1.0}, size=2, eval_size=1))
+
+
+def test_chat_template_renders_prompts_and_long_ones_are_dropped():
+    from rlft.data.prompts import PromptEncoder, drop_long_prompts
+    from rlft.data.types import Problem
+    from rlft.models.loading import load_tokenizer, resolve_model_path
+    tokenizer = load_tokenizer(resolve_model_path("builtin:tiny-adder"))
+    plain = PromptEncoder(tokenizer)  # no template: plain text
+    assert not plain.chat and plain("12+3=") == tokenizer.encode("12+3=")
+    with pytest.raises(ConfigError, match="data.chat_template=true, but the model's tokenizer has no chat template"):
+        PromptEncoder(tokenizer, chat_template=True)
+    tokenizer.chat_template = ("{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }};{% endfor %}"
+                               "{% if add_generation_prompt %}a:{% endif %}")
+    templated = PromptEncoder(tokenizer, system_prompt="1")
+    assert templated.chat
+    assert templated("12+3=") == tokenizer.encode("s:1;u:12+3=;a:", add_special_tokens=False)
+    assert PromptEncoder(tokenizer, chat_template=False)("12+3=") == tokenizer.encode("12+3=")
+    problems = [Problem("1+1=", "2"), Problem("11+11=", "22")]
+    kept, dropped = drop_long_prompts(problems, plain, max_tokens=4, what="training")
+    assert [p.prompt for p in kept] == ["1+1="] and dropped == 1
+    with pytest.raises(ConfigError, match="every one of the 2 training prompts is longer"):
+        drop_long_prompts(problems, plain, max_tokens=2, what="training")

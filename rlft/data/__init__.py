@@ -1,4 +1,4 @@
-"""Datasets: the train and held-out problem lists a run uses."""
+"""Datasets: the train and held-out problem lists a run uses (`data.name`)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import random
 from rlft.data.arithmetic import split_problems
 from rlft.data.countdown import countdown_split
 from rlft.data.multistep import multistep_split
-from rlft.data.jsonl import load_jsonl
 from rlft.data.types import Problem
 from rlft.errors import ConfigError
+
+TASKS = ("arithmetic", "countdown", "multistep", "reasoning_gym", "humaneval", "dataset")
 
 
 def load_task(cfg) -> tuple[list[Problem], list[Problem]]:
@@ -23,13 +24,26 @@ def load_task(cfg) -> tuple[list[Problem], list[Problem]]:
         return countdown_split(cfg.size, cfg.eval_size, cfg.operands, cfg.max_operand, cfg.split_seed)
     if cfg.name == "multistep":
         return multistep_split(cfg.size, cfg.eval_size, cfg.operands - 1, cfg.max_operand, cfg.split_seed)
-    if cfg.name == "jsonl":
-        train = load_jsonl(cfg.path, cfg.prompt_key, cfg.answer_key)
-        if cfg.eval_path:
-            return train, load_jsonl(cfg.eval_path, cfg.prompt_key, cfg.answer_key)
-        if cfg.eval_size >= len(train):
-            raise ConfigError(f"data.eval_size={cfg.eval_size} leaves no training rows of {len(train)} in {cfg.path}")
-        rows = list(train)
-        random.Random(cfg.split_seed).shuffle(rows)
-        return rows[cfg.eval_size:], rows[:cfg.eval_size]
-    raise ConfigError(f"data.name='{cfg.name}' is not one of: arithmetic, countdown, multistep, jsonl")
+    if cfg.name == "reasoning_gym":
+        from rlft.data.reasoning_gym import reasoning_gym_split
+        return reasoning_gym_split(dict(cfg.tasks), cfg.size, cfg.eval_size, cfg.split_seed)
+    if cfg.name == "humaneval":
+        from rlft.data.humaneval import humaneval_problems
+        return split_off(humaneval_problems(), cfg.eval_size, cfg.split_seed, "HumanEval")
+    if cfg.name == "dataset":
+        from rlft.data.files import load_problems
+        train = load_problems(cfg.path, cfg.split, cfg.prompt_key, cfg.answer_key, cfg.map_fn)
+        if cfg.eval_path or cfg.eval_split:
+            return train, load_problems(cfg.eval_path or cfg.path, cfg.eval_split or cfg.split, cfg.prompt_key,
+                                        cfg.answer_key, cfg.map_fn)
+        return split_off(train, cfg.eval_size, cfg.split_seed, cfg.path)
+    raise ConfigError(f"data.name='{cfg.name}' is not one of: {', '.join(TASKS)}")
+
+
+def split_off(rows: list[Problem], eval_size: int, seed: int, source: str) -> tuple[list[Problem], list[Problem]]:
+    """(train, held_out): `eval_size` rows held out by a seeded shuffle."""
+    if eval_size >= len(rows):
+        raise ConfigError(f"data.eval_size={eval_size} leaves no training rows of {len(rows)} in {source}")
+    rows = list(rows)
+    random.Random(seed).shuffle(rows)
+    return rows[eval_size:], rows[:eval_size]

@@ -9,21 +9,19 @@ the line or row number and the problem.
 from __future__ import annotations
 
 import csv
-import importlib
 import json
-import os
-import sys
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from rlft.data.types import Problem
 from rlft.errors import ConfigError
+from rlft.registry import import_function
 
 FILE_FORMATS = (".jsonl", ".json", ".csv", ".parquet")
 
 
 def load_problems(path: str, split: str, prompt_key: str, answer_key: str, map_fn: str | None) -> list[Problem]:
-    mapper = _import_function(map_fn) if map_fn else None
+    mapper = import_function(map_fn, "data.map_fn") if map_fn else None
     problems = []
     for where, row in read_rows(path, split):
         if mapper is not None:
@@ -116,16 +114,3 @@ def _problem(where: str, row: dict, prompt_key: str, answer_key: str) -> Problem
     fields = {k: v for k, v in row.items() if k not in (prompt_key, answer_key)}
     answer = row[answer_key]
     return Problem(prompt=str(row[prompt_key]), answer="" if answer is None else str(answer), fields=fields)
-
-
-def _import_function(name: str) -> Callable:
-    module_name, _, attribute = name.partition(":")
-    if os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())
-    try:
-        fn = getattr(importlib.import_module(module_name), attribute, None)
-    except ImportError as err:
-        raise ConfigError(f"data.map_fn '{name}': cannot import module '{module_name}' ({err})") from None
-    if not callable(fn):
-        raise ConfigError(f"data.map_fn '{name}': no function '{attribute}' in '{module_name}' (use module:function)")
-    return fn

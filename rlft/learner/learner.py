@@ -136,10 +136,11 @@ class Learner:
         (logp.sum() * 0.0).backward()
 
     def full_weights(self) -> dict[str, torch.Tensor]:
-        """Parameter name -> full tensor (tied weights once). Under FSDP a collective: every rank calls it,
-        rank 0 gets the tensors (on CPU), the others an empty dict."""
+        """Trained parameter name -> full tensor (tied weights once). Under FSDP a collective: every rank
+        calls it, rank 0 gets the tensors (on CPU), the others an empty dict."""
         if not self.fsdp:
-            return {name: p.detach() for name, p in self.model.named_parameters()}
+            params = dict(self.model.named_parameters())
+            return {name: params[name].detach() for name in self.param_names}
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
         full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return {name: full[name] for name in self.param_names if name in full}

@@ -87,7 +87,7 @@ class LearnerActor:
 
     def send_weights(self) -> SyncStats | None:
         """Every rank takes part in gathering the weights (FSDP); rank 0 broadcasts them."""
-        weights = self.worker.full_weights()
+        weights = self.worker.rollout_weights()
         if self.rank == 0:
             return self.broadcaster.send(weights.items())
         return None

@@ -19,7 +19,7 @@ from rlft.learner.learner import Learner, TrainBatch
 from rlft.learner.logprobs import response_logprobs
 from rlft.models.loading import load_causal_lm
 from rlft.rollout.base import Rollout, RolloutEngine
-from rlft.sync import SyncStats, push_weights
+from rlft.sync import SyncStats, push_tensors
 
 
 class LearnerWorker:
@@ -27,13 +27,21 @@ class LearnerWorker:
         device, dtype = cfg.hardware.device, cfg.model.dtype
         self.device = device
         o = cfg.optim
-        self.learner = Learner(load_causal_lm(model_path, dtype, device), lr=o.lr, weight_decay=o.weight_decay,
+        policy = load_causal_lm(model_path, dtype, device, cfg.model.attn_implementation)
+        if cfg.model.gradient_checkpointing:
+            policy.config.use_cache = False
+            policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.lora = cfg.model.lora.r > 0
+        if self.lora:  # only the adapters train (and are checkpointed); engines get the merged weights
+            policy = with_lora(policy, cfg.model.lora)
+        self.learner = Learner(policy, lr=o.lr, weight_decay=o.weight_decay,
                                betas=tuple(o.betas), eps=o.eps, max_grad_norm=o.max_grad_norm, group=group,
                                fsdp=cfg.hardware.fsdp)
         self.rank = self.learner.rank
         self.reference = None
         if cfg.algo.kl_coef > 0:  # beta = 0 loads no reference model at all
-            self.reference = load_causal_lm(model_path, dtype, device).eval().requires_grad_(False)
+            self.reference = load_causal_lm(model_path, dtype, device, cfg.model.attn_implementation)
+            self.reference.eval().requires_grad_(False)
 
     def set_lr(self, lr: float) -> None:
         self.learner.set_lr(lr)
@@ -52,9 +60,13 @@ class LearnerWorker:
 
     def push_weights(self, engine: RolloutEngine) -> SyncStats:
         """To an engine in this process."""
-        return push_weights(self.learner.model, engine)
+        return push_tensors(list(self.rollout_weights().items()), engine)
 
-    def full_weights(self) -> dict[str, torch.Tensor]:
+    def rollout_weights(self) -> dict[str, torch.Tensor]:
+        """What a rollout engine needs: every weight under its Hugging Face name, the LoRA deltas merged in
+        (computed, not merged into the policy, which keeps training on base + adapters)."""
+        if self.lora:
+            return merged_lora_weights(self.learner.model)
         return self.learner.full_weights()
 
     def save_checkpoint(self, run_dir: Path, state: TrainerState, keep: int) -> None:
@@ -71,9 +83,10 @@ class LearnerWorker:
 
     def save_model(self, folder: Path) -> None:
         """The final model as a Hugging Face folder (rank 0 writes)."""
-        weights = self.learner.full_weights()
+        weights = self.rollout_weights()
         if self.rank == 0:
-            self.learner.model.save_pretrained(folder, state_dict=weights if self.learner.fsdp else None)
+            model = self.learner.model.get_base_model() if self.lora else self.learner.model
+            model.save_pretrained(folder, state_dict=weights if self.learner.fsdp or self.lora else None)
 
     def peak_memory_mb(self) -> float:
         """This process's peak: torch.cuda.max_memory_allocated on GPU, resident set size on CPU."""
@@ -84,3 +97,27 @@ class LearnerWorker:
     @property
     def lr(self) -> float:
         return self.learner.optimizer.param_groups[0]["lr"]
+
+
+def with_lora(model, settings):
+    """The policy with LoRA adapters (peft) on `settings.target_modules`; their dropout is 0, as every
+    dropout of the policy (RL ratios compare passes of one function)."""
+    from peft import LoraConfig, get_peft_model
+    return get_peft_model(model, LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=0.0,
+                                            target_modules=list(settings.target_modules), bias="none"))
+
+
+@torch.no_grad()
+def merged_lora_weights(model) -> dict[str, torch.Tensor]:
+    """Hugging Face name -> base weight + LoRA delta, for a peft model (its own weights untouched)."""
+    from peft.tuners.lora import LoraLayer
+    deltas = {f"{name}.base_layer.weight": module.get_delta_weight(module.active_adapters[0])
+              for name, module in model.named_modules() if isinstance(module, LoraLayer)}
+    prefix = "base_model.model."
+    merged = {}
+    for name, param in model.named_parameters():
+        if ".lora_" in name:
+            continue
+        tensor = param.detach() + deltas[name] if name in deltas else param.detach()
+        merged[name.removeprefix(prefix).replace(".base_layer.", ".")] = tensor
+    return merged

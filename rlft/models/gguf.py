@@ -43,8 +43,9 @@ def convert_gguf(source: str, gguf_file: str, out: Path | None = None, dtype: st
         tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=gguf_file)
         model = AutoModelForCausalLM.from_pretrained(source, gguf_file=gguf_file, dtype=getattr(torch, dtype),
                                                      quantization_config=GgufConfig(dequantize=True))
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"model.gguf_file '{gguf_file}' in {source}: cannot load it ({err})") from None
+    except Exception as err:  # a truncated or foreign file fails deep in the reader, in many ways
+        raise ConfigError(f"model.gguf_file '{gguf_file}' in {source}: cannot load it "
+                          f"({type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''})") from None
     tmp = out.with_name(out.name + ".tmp")
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)

@@ -23,8 +23,15 @@ def builtin_models() -> list[str]:
     return sorted(p.name.replace("_", "-") for p in BUILTIN_DIR.iterdir() if (p / "config.json").exists())
 
 
-def resolve_model_path(path: str) -> str:
-    """A loadable path or hub id; raises ConfigError naming the problem for a missing local model."""
+def resolve_model_path(path: str, gguf_file: str | None = None) -> str:
+    """A loadable path or hub id; raises ConfigError naming the problem for a missing local model.
+    With `gguf_file`, the Hugging Face folder of that GGUF file (converted on first use, rlft.models.gguf)."""
+    if gguf_file is not None:
+        from rlft.models.gguf import convert_gguf
+        source = os.path.expanduser(path)
+        if os.path.isdir(source) and not os.path.isfile(os.path.join(source, gguf_file)):
+            raise ConfigError(f"model.gguf_file '{gguf_file}' is not in {path}")
+        return str(convert_gguf(source if os.path.isdir(source) else path, gguf_file))
     if path.startswith(BUILTIN_PREFIX):
         name = path[len(BUILTIN_PREFIX):]
         folder = BUILTIN_DIR / name.replace("-", "_")
@@ -34,11 +41,15 @@ def resolve_model_path(path: str) -> str:
         return str(folder)
     expanded = os.path.expanduser(path)
     if os.path.exists(expanded):
+        if expanded.endswith(".gguf"):
+            raise ConfigError(f"model.path '{path}' is a GGUF file: use model.path=<its folder> "
+                              f"model.gguf_file={os.path.basename(expanded)}")
         if not os.path.isfile(os.path.join(expanded, "config.json")):
             raise ConfigError(f"model.path '{path}' has no config.json: not a Hugging Face model folder")
         return expanded
     if path.startswith(("/", ".", "~")) or path.count("/") > 1:
-        raise ConfigError(f"model.path '{path}' does not exist")
+        hint = " (make it with scripts/fetch_smollm2.py, or: make smollm2)" if "smollm2" in path else ""
+        raise ConfigError(f"model.path '{path}' does not exist{hint}")
     return path  # a hub id such as 'org/name'
 
 
@@ -52,9 +63,9 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def load_causal_lm(path: str, dtype: str, device: str) -> PreTrainedModel:
+def load_causal_lm(path: str, dtype: str, device: str, attn_implementation: str | None = None) -> PreTrainedModel:
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation=attn_implementation)
     except OSError as err:
         raise ConfigError(f"model.path '{path}': cannot load a causal LM ({_first_line(err)})") from None
     return model.to(device)

@@ -8,14 +8,10 @@ each only if its signature names it (or takes **kwargs). A dict result is a set 
 
 from __future__ import annotations
 
-import importlib
 import inspect
-import os
-import sys
 from typing import Any, Callable
 
-from rlft.errors import ConfigError
-from rlft.registry import Registry
+from rlft.registry import Registry, import_function
 
 RewardFn = Callable[..., Any]
 REWARDS: Registry[RewardFn] = Registry("reward")
@@ -36,17 +32,7 @@ def resolve_reward(name: str) -> RewardFn:
     if not is_import_path(name):
         import rlft.rewards.builtin  # noqa: F401  (registers the built-ins)
         return REWARDS.get(name)
-    module_name, _, attribute = name.partition(":")
-    if os.getcwd() not in sys.path:  # `rlft train` finds the user's module where it runs, as `python -m` would
-        sys.path.append(os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ConfigError(f"reward '{name}': cannot import module '{module_name}' ({err})") from None
-    fn = getattr(module, attribute, None)
-    if not callable(fn):
-        raise ConfigError(f"reward '{name}': module '{module_name}' has no function '{attribute}'")
-    return fn
+    return import_function(name, "reward")
 
 
 def call_reward(fn: RewardFn, arguments: dict[str, Any]) -> Any:

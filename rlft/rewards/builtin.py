@@ -67,12 +67,63 @@ def _evaluate(node: ast.AST) -> tuple[list[int], Fraction]:
     raise ValueError(f"not allowed in a countdown answer: {type(node).__name__}")
 
 
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
+
+
 @REWARDS.register("answer_match")
 def answer_match(completion: str, answer: str) -> float:
-    """1.0 when the final answer (<answer> tags, or the last line) equals the reference: as numbers when
-    both are numbers (so "0.50" matches "0.5"), else as whitespace-stripped text."""
-    given = final_answer(completion)
+    """1.0 when the final answer (<answer> tags, or the last line) equals the reference. A numeric reference
+    is compared with the last number of the final answer, as a number ("The answer is 0.50." matches 0.5);
+    restating the question ("25 + 60") is not an answer. Other references: whitespace-stripped text."""
+    given = final_answer(completion).replace(",", "")
     try:
-        return float(Fraction(given.replace(",", "")) == Fraction(answer.strip().replace(",", "")))
+        reference = Fraction(answer.strip().replace(",", ""))
     except (ValueError, ZeroDivisionError):
         return float(given == answer.strip())
+    numbers = NUMBER.findall(given)
+    try:
+        return float(bool(numbers) and Fraction(numbers[-1]) == reference)
+    except ZeroDivisionError:
+        return 0.0
+
+
+@REWARDS.register("math_verify")
+def math_verify(completion: str, answer: str) -> float:
+    r"""1.0 when the completion's answer, in <answer> tags or \boxed{}, is mathematically equal to the
+    reference (math-verify: 1/2, 0.5 and \frac{1}{2} agree). A completion with neither scores 0: parsing
+    free text lets a model score by restating the question, which math-verify evaluates ("25 + 60" equals
+    85; measured on SmolLM2). Its timeouts use SIGALRM, so off the main thread they are off too."""
+    import threading
+
+    from math_verify import parse, verify
+    tagged = ANSWER_TAG.findall(completion)
+    if not tagged and "\\boxed" not in completion:
+        return 0.0
+    timeout = 5 if threading.current_thread() is threading.main_thread() else None
+    gold = parse(answer if "$" in answer or "\\" in answer else f"${answer}$", parsing_timeout=timeout)
+    predicted = parse(tagged[-1] if tagged else completion, parsing_timeout=timeout)
+    return float(bool(gold) and bool(predicted) and verify(gold, predicted, timeout_seconds=timeout))
+
+
+@REWARDS.register("reasoning_gym")
+def reasoning_gym_score(completion: str, rg_task: str, rg_entry: dict) -> float:
+    """The score (0..1) of reasoning-gym's own verifier for the task, on the final answer."""
+    import reasoning_gym
+    return float(reasoning_gym.get_score_answer_fn(rg_task)(final_answer(completion), rg_entry))
+
+
+# Where a HumanEval completion's function body ends: the model goes on writing the next definition.
+CODE_STOPS = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\nassert ")
+
+
+@REWARDS.register("code_tests")
+def code_tests(prompt: str, completion: str, test: str, entry_point: str, sandbox_timeout_s: float,
+               sandbox_memory_mb: int) -> float:
+    """1.0 when prompt + completion passes the problem's tests (HumanEval's `check(entry_point)`), run in a
+    sandboxed subprocess (rlft.rewards.sandbox) with time, memory and process limits; 0.0 otherwise."""
+    from rlft.rewards.sandbox import run_python
+    body = completion
+    for stop in CODE_STOPS:
+        body = body.split(stop)[0]
+    program = f"{prompt}{body}\n\n{test}\n\ncheck({entry_point})\n"
+    return float(run_python(program, timeout_s=sandbox_timeout_s, memory_mb=sandbox_memory_mb).passed)

@@ -40,7 +40,8 @@ class RewardScorer:
         self.accuracy_fn = resolve_reward(cfg.accuracy)
         self.on_error = cfg.on_error
         self.settings = {"format_pattern": cfg.format_pattern, "length_target": cfg.length_target,
-                         "max_response_tokens": max_response_tokens}
+                         "max_response_tokens": max_response_tokens, "sandbox_timeout_s": cfg.sandbox_timeout_s,
+                         "sandbox_memory_mb": cfg.sandbox_memory_mb}
         uses_pool = any(is_import_path(n) for n in names + [cfg.accuracy])
         self.pool = RewardPool(cfg.workers, cfg.timeout_s) if uses_pool else None
 

@@ -1,0 +1,36 @@
+"""Prompt text -> token ids: through the tokenizer's chat template when it has one (a user turn after an
+optional system prompt, then the assistant's turn opened), else the plain text."""
+
+from __future__ import annotations
+
+from rlft.data.types import Problem
+from rlft.errors import ConfigError
+
+
+class PromptEncoder:
+    def __init__(self, tokenizer, chat_template: bool | None = None, system_prompt: str | None = None):
+        has_template = bool(getattr(tokenizer, "chat_template", None))
+        if chat_template and not has_template:
+            raise ConfigError("data.chat_template=true, but the model's tokenizer has no chat template")
+        self.tokenizer, self.system_prompt = tokenizer, system_prompt
+        self.chat = has_template if chat_template is None else chat_template
+
+    def __call__(self, prompt: str) -> list[int]:
+        if not self.chat:
+            return self.tokenizer.encode(prompt)
+        messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        text = self.tokenizer.apply_chat_template(messages + [{"role": "user", "content": prompt}],
+                                                  add_generation_prompt=True, tokenize=False)
+        return self.tokenizer.encode(text, add_special_tokens=False)  # the template has its own specials
+
+
+def drop_long_prompts(problems: list[Problem], encode: PromptEncoder, max_tokens: int | None, what: str
+                      ) -> tuple[list[Problem], int]:
+    """(the problems whose rendered prompt fits, how many were dropped); ConfigError when none fit."""
+    if max_tokens is None:
+        return problems, 0
+    kept = [p for p in problems if len(encode(p.prompt)) <= max_tokens]
+    if not kept:
+        raise ConfigError(f"data.max_prompt_tokens={max_tokens}: every one of the {len(problems)} {what} "
+                          "prompts is longer")
+    return kept, len(problems) - len(kept)
