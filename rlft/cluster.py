@@ -30,7 +30,7 @@ class ActorLost(Exception):
         self.index, self.error = index, error
 
 
-def wait_all(refs: list, role: str = "actor") -> list:
+def wait_all(refs: list) -> list:
     """ray.get of every ref, but the first actor death is raised at once (as ActorLost with the ref's index),
     not after the survivors' calls, which may wait forever on a collective with the dead one."""
     import ray
@@ -58,6 +58,14 @@ def dead_actors(actors: list, timeout_s: float = 10.0) -> list[int]:
         except ray.exceptions.GetTimeoutError:
             pass
     return dead
+
+
+def prepare_actor_process(cfg: RunConfig) -> None:
+    """At the start of an actor: its torch threads, and no per-actor "Loading weights" bars on the console."""
+    import torch
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()
+    torch.set_num_threads(cfg.hardware.num_threads or cfg.hardware.cpus_per_actor)
 
 
 def actor_env() -> dict[str, str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from fractions import Fraction
 
-from rlft.data.types import Problem
+from rlft.data.types import Problem, draw_unique
 
 PROMPT = ("Using the numbers {numbers}, make {target}. Use each number exactly once, with + - * / and "
           "parentheses. Think inside <think></think>, then give only the expression inside <answer></answer>.")
@@ -35,7 +35,7 @@ def _random_expression(rng, texts: list[str], values: list[Fraction]) -> tuple[s
         a, b = values[i], values[j]
         if op == "/" and b == 0:
             return "", None
-        value = {"+": a + b, "-": a - b, "*": a * b, "/": a / b if b else None}[op]
+        value = a + b if op == "+" else a - b if op == "-" else a * b if op == "*" else a / b
         text = f"({texts[i]}{op}{texts[j]})"
         for k in sorted((i, j), reverse=True):
             del texts[k], values[k]
@@ -46,18 +46,10 @@ def _random_expression(rng, texts: list[str], values: list[Fraction]) -> tuple[s
 
 def countdown_split(size: int, eval_size: int, count: int, max_number: int, seed: int
                     ) -> tuple[list[Problem], list[Problem]]:
-    def generate(rng: random.Random, wanted: int, taken: set) -> list[Problem]:
-        problems = []
-        while len(problems) < wanted:
-            problem = countdown_problem(rng, count, max_number)
-            if problem is None:
-                continue
-            key = (tuple(sorted(problem.fields["numbers"])), problem.fields["target"])
-            if key not in taken:
-                taken.add(key)
-                problems.append(problem)
-        return problems
+    def key(problem: Problem) -> tuple:
+        return tuple(sorted(problem.fields["numbers"])), problem.fields["target"]
 
     taken: set = set()
-    held_out = generate(random.Random(f"countdown-eval:{seed}"), eval_size, taken)
-    return generate(random.Random(f"countdown-train:{seed}"), size, taken), held_out
+    eval_rng, train_rng = random.Random(f"countdown-eval:{seed}"), random.Random(f"countdown-train:{seed}")
+    held_out = draw_unique(lambda: countdown_problem(eval_rng, count, max_number), key, eval_size, taken)
+    return draw_unique(lambda: countdown_problem(train_rng, count, max_number), key, size, taken), held_out

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from rlft.data.types import Problem
+from rlft.data.types import Problem, draw_unique
 
 PROMPT = ("Compute {expression}. Work it out step by step inside <think></think>, then give only the number "
           "inside <answer></answer>.")
@@ -38,15 +38,10 @@ def _evaluate(expression: str) -> int:
 def multistep_split(size: int, eval_size: int, steps: int, max_number: int, seed: int
                     ) -> tuple[list[Problem], list[Problem]]:
     taken: set[str] = set()
+    eval_rng, train_rng = random.Random(f"multistep-eval:{seed}"), random.Random(f"multistep-train:{seed}")
 
-    def generate(rng: random.Random, wanted: int) -> list[Problem]:
-        problems = []
-        while len(problems) < wanted:
-            problem = multistep_problem(rng, steps, max_number)
-            if problem.prompt not in taken:
-                taken.add(problem.prompt)
-                problems.append(problem)
-        return problems
+    def prompt(problem: Problem) -> str:
+        return problem.prompt
 
-    held_out = generate(random.Random(f"multistep-eval:{seed}"), eval_size)
-    return generate(random.Random(f"multistep-train:{seed}"), size), held_out
+    held_out = draw_unique(lambda: multistep_problem(eval_rng, steps, max_number), prompt, eval_size, taken)
+    return draw_unique(lambda: multistep_problem(train_rng, steps, max_number), prompt, size, taken), held_out

@@ -11,7 +11,8 @@ ANSWER_FORMAT = " Give only the final answer inside <answer></answer>."
 
 def reasoning_gym_split(tasks: dict[str, float], size: int, eval_size: int, seed: int
                         ) -> tuple[list[Problem], list[Problem]]:
-    return _mix(tasks, size, seed * 2 + 1), _mix(tasks, eval_size, seed * 2)  # different seeds, no overlap
+    # held-out and training entries come from different seeds (a held-out one may repeat by chance)
+    return _mix(tasks, size, seed * 2 + 1), _mix(tasks, eval_size, seed * 2)
 
 
 def _mix(tasks: dict[str, float], total: int, seed: int) -> list[Problem]:

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Hashable
 
 
 @dataclass(frozen=True)
@@ -12,3 +12,16 @@ class Problem:
     prompt: str
     answer: str
     fields: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+def draw_unique(make: Callable[[], Problem | None], key: Callable[[Problem], Hashable], count: int,
+                taken: set) -> list[Problem]:
+    """`count` problems from `make` (None: draw again) whose keys are not yet in `taken`, which grows; a
+    generated task draws its held-out set first, then its training set with the same `taken`."""
+    problems: list[Problem] = []
+    while len(problems) < count:
+        problem = make()
+        if problem is not None and key(problem) not in taken:
+            taken.add(key(problem))
+            problems.append(problem)
+    return problems

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 import time
 from pathlib import Path
 
@@ -17,12 +16,13 @@ import torch
 import torch.distributed as dist
 
 from rlft.checkpoint import TrainerState
-from rlft.cluster import ActorLost, actor_options, wait_all
+from rlft.cluster import ActorLost, actor_options, dead_actors, prepare_actor_process, wait_all
 from rlft.config import RunConfig
 from rlft.errors import WorkerDied
 from rlft.learner.learner import TrainBatch, rank_rows
 from rlft.rollout.base import Rollout
 from rlft.sync import SyncStats
+from rlft.sync.broadcast import free_port, join_broadcast
 
 # Test hook: the learner rank RLFT_FAULT_LEARNER_RANK (default 0) exits at its update call number
 # RLFT_FAULT_LEARNER_EXIT_AT_UPDATE, as a crashed or preempted rank would.
@@ -32,9 +32,7 @@ FAULT_RANK = "RLFT_FAULT_LEARNER_RANK"
 
 class LearnerActor:
     def __init__(self, cfg: RunConfig, model_path: str, rank: int, world: int):
-        from transformers.utils import logging as hf_logging
-        hf_logging.disable_progress_bar()  # one "Loading weights" bar per actor on the console is noise
-        torch.set_num_threads(cfg.hardware.num_threads or cfg.hardware.cpus_per_actor)
+        prepare_actor_process(cfg)
         torch.manual_seed(cfg.seed)
         self.cfg, self.model_path, self.rank, self.world = cfg, model_path, rank, world
         self.device = cfg.hardware.device
@@ -45,9 +43,7 @@ class LearnerActor:
         """This node's address and a free port on it, for a group's store."""
         import ray
         host = ray.util.get_node_ip_address()
-        with socket.socket() as probe:
-            probe.bind((host, 0))
-            return host, probe.getsockname()[1]
+        return host, free_port(host)
 
     def setup(self, host: str, port: int) -> None:
         """Join the learner group (rank 0 hosts it) and load the policy; every rank at once."""
@@ -80,10 +76,7 @@ class LearnerActor:
         return self.worker.peak_memory_mb()
 
     def join_sync_group(self, host: str, port: int, world: int, bucket_bytes: int) -> None:
-        from rlft.sync.broadcast import WeightBroadcaster, open_sync_group
-        backend = "nccl" if self.device == "cuda" else "gloo"
-        group = open_sync_group(host, port, 0, world, backend)
-        self.broadcaster = WeightBroadcaster(group, src=0, bucket_bytes=bucket_bytes, device=self.device)
+        self.broadcaster = join_broadcast(host, port, 0, world, self.device, bucket_bytes)
 
     def send_weights(self) -> SyncStats | None:
         """Every rank takes part in gathering the weights (FSDP); rank 0 broadcasts them."""
@@ -145,8 +138,6 @@ class RemoteLearner:
         """Learner rank 0 -> every rollout worker, by broadcast. A rollout worker that dies on the way breaks
         the group for all: every worker is replaced (RemoteEngine.replace_all) and the push repeated."""
         import ray
-
-        from rlft.cluster import dead_actors
         start = time.perf_counter()
         for attempt in range(self.cfg.hardware.max_rollout_restarts + 1):
             try:

@@ -34,11 +34,14 @@ def convert_gguf(source: str, gguf_file: str, out: Path | None = None, dtype: st
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
+    folder = Path(source).expanduser()
+    if folder.is_dir():
+        if not (folder / gguf_file).is_file():
+            raise ConfigError(f"model.gguf_file '{gguf_file}' is not in {source}")
+        source = str(folder)
     out = out or converted_folder(source, gguf_file)
     if (out / "config.json").is_file():
         return out
-    if not (Path(source).expanduser() / gguf_file).is_file() and Path(source).expanduser().exists():
-        raise ConfigError(f"model.gguf_file '{gguf_file}' is not in {source}")
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=gguf_file)
         model = AutoModelForCausalLM.from_pretrained(source, gguf_file=gguf_file, dtype=getattr(torch, dtype),

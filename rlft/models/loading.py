@@ -28,10 +28,7 @@ def resolve_model_path(path: str, gguf_file: str | None = None) -> str:
     With `gguf_file`, the Hugging Face folder of that GGUF file (converted on first use, rlft.models.gguf)."""
     if gguf_file is not None:
         from rlft.models.gguf import convert_gguf
-        source = os.path.expanduser(path)
-        if os.path.isdir(source) and not os.path.isfile(os.path.join(source, gguf_file)):
-            raise ConfigError(f"model.gguf_file '{gguf_file}' is not in {path}")
-        return str(convert_gguf(source if os.path.isdir(source) else path, gguf_file))
+        return str(convert_gguf(path, gguf_file))
     if path.startswith(BUILTIN_PREFIX):
         name = path[len(BUILTIN_PREFIX):]
         folder = BUILTIN_DIR / name.replace("-", "_")

@@ -57,7 +57,7 @@ class RewardScorer:
         for name, fn, weight in self.fns:
             values, failed = self._values(name, fn, calls)
             errors += failed
-            raw[name] = [sum(v.values()) if isinstance(v, dict) else v for v in values]
+            raw[name] = _totals(values)
             total += weight * torch.tensor(raw[name])
             if values and isinstance(values[0], dict):
                 for key in values[0]:
@@ -68,7 +68,7 @@ class RewardScorer:
         else:
             values, failed = self._values(self.accuracy, self.accuracy_fn, calls)
             errors += failed
-            accuracy = [sum(v.values()) if isinstance(v, dict) else v for v in values]
+            accuracy = _totals(values)
         correct = torch.tensor([float(a >= 1.0) for a in accuracy])
         return Scores(total=total, correct=correct, parts=parts, errors=errors)
 
@@ -97,6 +97,11 @@ class RewardScorer:
     def close(self) -> None:
         if self.pool is not None:
             self.pool.close()
+
+
+def _totals(values: list) -> list[float]:
+    """Each sample's reward: the value, or the sum of a dict reward's parts."""
+    return [sum(v.values()) if isinstance(v, dict) else v for v in values]
 
 
 def _call_here(fn, arguments: dict[str, Any]) -> Outcome:

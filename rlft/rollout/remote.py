@@ -17,7 +17,7 @@ from typing import Iterable
 
 import torch
 
-from rlft.cluster import ActorLost, actor_options, wait_all
+from rlft.cluster import ActorLost, actor_options, prepare_actor_process, wait_all
 from rlft.config import RunConfig
 from rlft.errors import WorkerDied
 from rlft.learner.learner import rank_rows
@@ -33,12 +33,9 @@ FAULT_WORKER = "RLFT_FAULT_ROLLOUT_WORKER"
 
 class RolloutActor:
     def __init__(self, cfg: RunConfig, model_path: str, index: int, incarnation: int):
-        from transformers.utils import logging as hf_logging
-
         from rlft.models.loading import load_tokenizer
         from rlft.rollout import build_engine
-        hf_logging.disable_progress_bar()
-        torch.set_num_threads(cfg.hardware.num_threads or cfg.hardware.cpus_per_actor)
+        prepare_actor_process(cfg)
         self.device = cfg.hardware.device
         self.index, self.incarnation, self.calls, self.syncs = index, incarnation, 0, 0
         tokenizer = load_tokenizer(model_path)
@@ -64,10 +61,8 @@ class RolloutActor:
         self.engine.set_rng_state(state)
 
     def join_sync_group(self, host: str, port: int, rank: int, world: int, bucket_bytes: int) -> None:
-        from rlft.sync.broadcast import WeightBroadcaster, open_sync_group
-        backend = "nccl" if self.device == "cuda" else "gloo"
-        group = open_sync_group(host, port, rank, world, backend)
-        self.receiver = WeightBroadcaster(group, src=0, bucket_bytes=bucket_bytes, device=self.device)
+        from rlft.sync.broadcast import join_broadcast
+        self.receiver = join_broadcast(host, port, rank, world, self.device, bucket_bytes)
 
     def receive_weights(self) -> int:
         self.syncs += 1

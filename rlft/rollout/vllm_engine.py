@@ -11,7 +11,6 @@ is reset after every update so no KV entry of old weights is reused.
 from __future__ import annotations
 
 import os
-import socket
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable
 
@@ -69,11 +68,9 @@ class VLLMEngine:
     def _join_broadcast_group(self, host: str, workers: int) -> None:
         """Learner = rank 0, vLLM's workers = ranks 1..workers. A worker call blocks until the collective
         it starts completes, so the engine's side runs on a thread while this one takes part as sender."""
-        from rlft.sync.broadcast import WeightBroadcaster, open_sync_group
+        from rlft.sync.broadcast import WeightBroadcaster, free_port, open_sync_group
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        with socket.socket() as probe:  # a free port for the group's store
-            probe.bind((host, 0))
-            port = probe.getsockname()[1]
+        port = free_port(host)
         self._rpc_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlft-vllm-sync")
         joined = self._rpc_thread.submit(self.llm.collective_rpc, "rlft_join_sync_group",
                                          args=(host, port, 1 + workers, backend, self.bucket_bytes))

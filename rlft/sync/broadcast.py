@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import pickle
+import socket
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -68,6 +69,20 @@ def open_sync_group(host: str, port: int, rank: int, world_size: int, backend: s
         options._timeout = timeout
         return dist.ProcessGroupNCCL(store, rank, world_size, options)
     raise ValueError(f"weight sync backend must be gloo or nccl, not {backend!r}")
+
+
+def free_port(host: str) -> int:
+    """A TCP port free now on `host`, for a group's store."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def join_broadcast(host: str, port: int, rank: int, world_size: int, device: str, bucket_bytes: int
+                   ) -> "WeightBroadcaster":
+    """open_sync_group with the backend the device needs (NCCL for cuda, gloo for cpu), sender rank 0."""
+    group = open_sync_group(host, port, rank, world_size, "nccl" if str(device).startswith("cuda") else "gloo")
+    return WeightBroadcaster(group, src=0, bucket_bytes=bucket_bytes, device=device)
 
 
 class WeightBroadcaster:
