@@ -11,10 +11,17 @@ from conftest import TINY_RUN, read_metrics
 from rlft.models.loading import resolve_model_path
 
 VOLATILE = ("perf/", "sync/seconds")  # wall-clock numbers differ between any two runs
+# The engine-vs-learner gap is float round-off of two kernels (KV-cached decode vs a full forward); its
+# last digits move with the memory alignment BLAS gets in each process, so it is compared with a tolerance.
+ROUNDOFF = ("rollout/logprob_diff",)
 
 
 def deterministic(rows):
-    return [{k: v for k, v in row.items() if not k.startswith(VOLATILE)} for row in rows]
+    return [{k: v for k, v in row.items() if not k.startswith(VOLATILE + ROUNDOFF)} for row in rows]
+
+
+def roundoff(rows):
+    return [[v for k, v in row.items() if k.startswith(ROUNDOFF)] for row in rows]
 
 
 def test_a_tiny_run_writes_metrics_checkpoints_and_a_loadable_final_model(rlft, tmp_path):
@@ -55,6 +62,8 @@ def test_resume_continues_exactly_where_the_run_stopped(rlft, tmp_path):
         f.write(json.dumps({"step": 4, "train/loss": 123.0}) + "\n")
     rlft("train", f"resume={resumed}")
     assert deterministic(read_metrics(resumed)) == deterministic(read_metrics(straight))
+    for theirs, ours in zip(roundoff(read_metrics(straight)), roundoff(read_metrics(resumed)), strict=True):
+        assert ours == pytest.approx(theirs, abs=1e-5)
     a = load_file(straight / "final_model" / "model.safetensors")
     b = load_file(resumed / "final_model" / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
