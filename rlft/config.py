@@ -19,6 +19,7 @@ DEVICES = ("cpu", "cuda")
 DTYPES = ("float32", "bfloat16", "float16")
 ENGINES = ("hf", "vllm")
 WEIGHT_SYNCS = ("rpc", "broadcast")
+ROUTING_SOURCES = ("learner", "rollout")
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 
@@ -57,7 +58,9 @@ class AlgoConfig:
     max_sampling_rounds: int = 3
     overlong: OverlongConfig = field(default_factory=OverlongConfig)
     mask_truncated: bool = False           # overlong filtering: responses without EOS get no loss
-    routing_replay: bool = False
+    routing_replay: bool = False           # MoE: training passes use the old pass's experts (ALGORITHMS.md)
+    routing_source: str = "learner"        # MoE: old routes from the learner's old pass (R2) | rollout (R3)
+    router_aux_loss_coef: float = 0.0      # MoE: weight of the router's load-balancing loss in the loss
     tis_cap: Optional[float] = None        # truncated importance sampling cap C; null = off
     ppo_epochs: int = 1                    # optimizer steps per batch of rollouts
     micro_batch_size: Optional[int] = None  # responses per forward/backward; null = the whole batch
@@ -93,6 +96,7 @@ class DataConfig:
     size: int = 10000                      # generated tasks (countdown, multistep, reasoning_gym): training problems
     eval_size: int = 500                   # held-out problems (generated, or split off the training rows)
     split_seed: int = 0                    # fixes which problems are held out
+    shuffle: bool = True                   # a fresh seeded order each epoch; false keeps the file's order
     tasks: dict[str, float] = field(default_factory=dict)  # reasoning_gym: task name -> weight in the mix
     path: Optional[str] = None             # dataset: a .jsonl/.csv/.parquet file, a dataset folder, or a hub id
     split: str = "train"                   # dataset: the split of a folder or hub dataset
@@ -177,6 +181,7 @@ class LoggerConfig:
 @dataclass
 class TrainerConfig:
     steps: int = 100                       # RL steps (one batch of rollouts each)
+    epochs: Optional[float] = None         # instead of steps: passes over the training prompts (rounded up)
     prompts_per_step: int = 32             # prompts per step; each gets group_size responses
     eval_every: int = 10                   # steps between held-out evaluations (also at start and end)
     save_every: int = 20                   # steps between checkpoints (also at the end)
@@ -279,6 +284,8 @@ def validate(cfg: RunConfig) -> None:
     _at_least("trainer.eval_every", t.eval_every, 1)
     _at_least("trainer.save_every", t.save_every, 1)
     _at_least("trainer.keep_checkpoints", t.keep_checkpoints, 1)
+    if t.epochs is not None and t.epochs <= 0:
+        raise ConfigError(f"trainer.epochs must be > 0 or null (got {t.epochs})")
     if not 0 <= a.eps_low < 1 or a.eps_high < 0:
         raise ConfigError(f"algo.eps_low must be in [0, 1) and algo.eps_high >= 0 (got {a.eps_low}, {a.eps_high})")
     if a.clip_ratio_c is not None and a.clip_ratio_c <= 1:
@@ -295,8 +302,13 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("optim.lr must be > 0 and optim.betas a list of two floats")
     if t.exit_after_step is not None and not 1 <= t.exit_after_step <= t.steps:
         raise ConfigError(f"trainer.exit_after_step must be in [1, trainer.steps] (got {t.exit_after_step})")
-    if a.routing_replay:
-        raise ConfigError("algo.routing_replay: needs a mixture-of-experts policy, not available yet in this version")
+    _choice("algo.routing_source", a.routing_source, ROUTING_SOURCES)
+    if a.routing_source == "rollout" and r.engine == "vllm" and cfg.hardware.device == "cpu":
+        raise ConfigError("algo.routing_source=rollout with rollout=vllm needs a GPU: vLLM 0.32 returns routed "
+                          "experts only with its Model Runner V2, which needs Triton. On CPU use rollout=hf, or "
+                          "algo.routing_source=learner")
+    if a.router_aux_loss_coef < 0:
+        raise ConfigError(f"algo.router_aux_loss_coef must be >= 0 (got {a.router_aux_loss_coef})")
     if a.overlong.enabled and a.overlong.buffer is not None and not 1 <= a.overlong.buffer <= r.max_new_tokens:
         raise ConfigError(f"algo.overlong.buffer must be in [1, rollout.max_new_tokens={r.max_new_tokens}] "
                           f"or null (got {a.overlong.buffer})")

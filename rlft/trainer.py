@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
@@ -52,6 +53,7 @@ def train(cfg: RunConfig, run_dir: Path) -> dict:
     encode = PromptEncoder(tokenizer, cfg.data.chat_template, cfg.data.system_prompt)
     train_problems, dropped_train = drop_long_prompts(train_problems, encode, cfg.data.max_prompt_tokens, "training")
     held_out, dropped_eval = drop_long_prompts(held_out, encode, cfg.data.max_prompt_tokens, "held-out")
+    cfg.trainer.steps = steps_for(cfg.trainer, len(train_problems))  # the schedule, checkpoints and logs count steps
     run_dir.mkdir(parents=True, exist_ok=True)
     cluster = None
     if cfg.hardware.ray:
@@ -60,7 +62,8 @@ def train(cfg: RunConfig, run_dir: Path) -> dict:
         learner, engine = cluster.learner, cluster.engine
     else:
         learner = LearnerWorker(cfg, model_path)
-        engine = build_engine(cfg.rollout, model_path, cfg.model.dtype, device, tokenizer, seed=cfg.seed)
+        engine = build_engine(cfg.rollout, model_path, cfg.model.dtype, device, tokenizer, seed=cfg.seed,
+                              return_routes=cfg.algo.routing_source == "rollout")
     try:
         return _run(cfg, run_dir, learner, engine, tokenizer, encode, train_problems, held_out, scorer, resume_from,
                     dropped=(dropped_train, dropped_eval))
@@ -73,7 +76,7 @@ def train(cfg: RunConfig, run_dir: Path) -> dict:
 def _run(cfg: RunConfig, run_dir: Path, learner, engine: RolloutEngine, tokenizer, encode: PromptEncoder,
          train_problems, held_out, scorer: RewardScorer, resume_from, dropped: tuple[int, int]) -> dict:
     algo, rollout_cfg, trainer_cfg = cfg.algo, cfg.rollout, cfg.trainer
-    sampler = PromptSampler(train_problems, seed=cfg.seed)
+    sampler = PromptSampler(train_problems, seed=cfg.seed, shuffle=cfg.data.shuffle)
     sampling = SamplingParams(n=algo.group_size, temperature=rollout_cfg.temperature,
                               top_p=rollout_cfg.top_p, max_new_tokens=rollout_cfg.max_new_tokens)
     batch_size = trainer_cfg.prompts_per_step * algo.group_size
@@ -163,7 +166,7 @@ def _run(cfg: RunConfig, run_dir: Path, learner, engine: RolloutEngine, tokenize
             batch = TrainBatch(prompt_ids=rollout.prompt_ids, prompt_mask=rollout.prompt_mask,
                                response_ids=rollout.response_ids, response_mask=rollout.response_mask,
                                loss_mask=loss_mask, advantages=advantages, rollout_logprobs=rollout.logprobs,
-                               ref_logprobs=ref_logp)
+                               ref_logprobs=ref_logp, routes=rollout.routes)
             train_metrics = learner.update(
                 batch, ppo_epochs=algo.ppo_epochs, micro_batch_size=micro_batch,
                 temperature=rollout_cfg.temperature, max_response_len=rollout_cfg.max_new_tokens,
@@ -180,7 +183,8 @@ def _run(cfg: RunConfig, run_dir: Path, learner, engine: RolloutEngine, tokenize
                    **{f"reward/{k}": v.mean().item() for k, v in scored.reward_parts.items()},
                    "reward/errors": scored.reward_errors,
                    "train/clip_frac": train_metrics.get("clip_frac_low", 0.0) + train_metrics.get("clip_frac_high", 0.0),
-                   **{f"train/{k}": v for k, v in train_metrics.items() if not k.startswith("logprob_diff")},
+                   **{k if "/" in k else f"train/{k}": v for k, v in train_metrics.items()  # moe/...: as named
+                      if not k.startswith("logprob_diff")},
                    "train/lr": learner.lr,
                    "rollout/response_len_mean": lengths.mean().item(),
                    "rollout/response_len_max": lengths.max().item(),
@@ -219,6 +223,13 @@ def _resume_hint(run_dir: Path, last_saved: int) -> str:
     if last_saved == 0:
         return "no checkpoint was written yet"
     return f"the checkpoint of step {last_saved} is intact: rlft train resume={run_dir}"
+
+
+def steps_for(trainer_cfg, train_size: int) -> int:
+    """trainer.steps, or enough steps for trainer.epochs passes over the training prompts (rounded up)."""
+    if trainer_cfg.epochs is None:
+        return trainer_cfg.steps
+    return math.ceil(trainer_cfg.epochs * train_size / trainer_cfg.prompts_per_step)
 
 
 def lr_at(step: int, lr: float, warmup_steps: int) -> float:

@@ -1,8 +1,10 @@
-"""Build the shipped default model, rlft/models/tiny_adder: a ~1M-parameter Qwen2 with a character
-tokenizer, SFT-trained on the default addition task by a sloppy teacher that forgets each carry with
+"""Build the shipped models: rlft/models/tiny_adder, the default, a ~1M-parameter Qwen2 with a character
+tokenizer, and rlft/models/tiny_moe, a Qwen3-MoE of the same width (8 experts, top-2, in every layer).
+Both are SFT-trained on the default addition task by a sloppy teacher that forgets each carry with
 probability --forget-carry (see rlft/data/arithmetic.py).
 
-    python scripts/build_tiny_model.py            # writes rlft/models/tiny_adder (deterministic)
+    python scripts/build_tiny_model.py              # writes rlft/models/tiny_adder (deterministic)
+    python scripts/build_tiny_model.py --arch moe   # writes rlft/models/tiny_moe
 
 The result knows how to carry but mostly does not: greedy held-out accuracy settles at the share of
 problems without a carry, and more SFT does not move it (the curve is saved as sft_curve.json).
@@ -20,7 +22,8 @@ from pathlib import Path
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import (GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen3MoeConfig,
+                          Qwen3MoeForCausalLM)
 
 from rlft.data.arithmetic import sloppy_sum, split_problems
 from rlft.rollout.base import SamplingParams
@@ -38,13 +41,19 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>")
 
 
-def build_model(vocab_size: int) -> Qwen2ForCausalLM:
+def build_model(vocab_size: int, arch: str = "dense"):
     # head_dim 32: vLLM's CPU attention kernel rejects smaller heads.
-    config = Qwen2Config(vocab_size=vocab_size, hidden_size=128, intermediate_size=512, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                         max_position_embeddings=64, tie_word_embeddings=True,
-                         pad_token_id=0, eos_token_id=1, bos_token_id=None)
-    return Qwen2ForCausalLM(config)
+    shared = dict(vocab_size=vocab_size, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=32, max_position_embeddings=64, tie_word_embeddings=True,
+                  pad_token_id=0, eos_token_id=1, bos_token_id=None)
+    if arch == "dense":
+        return Qwen2ForCausalLM(Qwen2Config(intermediate_size=512, **shared))
+    # Every layer sparse; experts a quarter of the dense MLP's width, so 2 of 8 active cost about half of it.
+    # SFT adds the router's load-balancing loss (router_aux_loss_coef), as MoE pre-training does.
+    config = Qwen3MoeConfig(moe_intermediate_size=128, intermediate_size=512, num_experts=8, num_experts_per_tok=2,
+                            norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+                            router_aux_loss_coef=0.01, **shared)
+    return Qwen3MoeForCausalLM(config)
 
 
 def sft_batch(pairs, tokenizer, batch_size: int, forget_carry: float, rng: random.Random):
@@ -77,7 +86,8 @@ def held_out_accuracy(model, tokenizer, held_out) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=ROOT / "rlft/models/tiny_adder")
+    parser.add_argument("--arch", choices=["dense", "moe"], default="dense")
+    parser.add_argument("--out", type=Path, default=None, help="default: rlft/models/tiny_adder or tiny_moe")
     parser.add_argument("--steps", type=int, default=5000)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--lr", type=float, default=2e-3)
@@ -94,6 +104,7 @@ def main() -> None:
     parser.add_argument("--eval-size", type=int, default=500)
     parser.add_argument("--split-seed", type=int, default=0)
     args = parser.parse_args()
+    args.out = args.out or ROOT / "rlft/models" / ("tiny_adder" if args.arch == "dense" else "tiny_moe")
 
     torch.manual_seed(args.seed)
     torch.set_num_threads(2)  # fixed, so the build is bitwise reproducible across machines of this size
@@ -101,7 +112,7 @@ def main() -> None:
     train, held_out = split_problems(args.min_operand, args.max_operand, args.eval_size, args.split_seed)
     pairs = [tuple(map(int, p.prompt[:-1].split("+"))) for p in train]
     tokenizer = build_tokenizer()
-    model = build_model(len(tokenizer))
+    model = build_model(len(tokenizer), args.arch)
     print(f"parameters: {sum(p.numel() for p in model.parameters()):,}")
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     warmup = 100
@@ -113,6 +124,7 @@ def main() -> None:
         floor = args.min_lr_ratio
         return args.lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
 
+    moe_kwargs = {"output_router_logits": True} if args.arch == "moe" else {}  # adds the load-balancing loss
     ema = copy.deepcopy(model).requires_grad_(False)
     curve, start = [], time.time()
     model.train()
@@ -120,7 +132,7 @@ def main() -> None:
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step - 1)
         ids, mask, labels = sft_batch(pairs, tokenizer, args.batch_size, args.forget_carry, rng)
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels, **moe_kwargs).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()

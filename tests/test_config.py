@@ -40,10 +40,10 @@ def test_config_dir_is_the_checkout_conf():
 
 ERRORS = [
     (["algo.eps_hgih=0.3"], "unknown config key 'algo.eps_hgih' (allowed in algo: name, group_size"),
-    (["model=nope"], "unknown model 'nope' (available: smollm2_135m, tiny_adder)"),
+    (["model=nope"], "unknown model 'nope' (available: smollm2_135m, tiny_adder, tiny_moe)"),
     (["algo.group_size=abc"], "algo.group_size: Value 'abc' of type 'str' could not be converted to Integer"),
     (["model.path=/no/such/model"], "model.path '/no/such/model' does not exist"),
-    (["model.path=builtin:nope"], "no such built-in model (available: builtin:tiny-adder)"),
+    (["model.path=builtin:nope"], "no such built-in model (available: builtin:tiny-adder, builtin:tiny-moe)"),
     (["algo.loss_agg=mean"], "algo.loss_agg='mean' is not one of: token_mean, seq_mean_token_mean"),
     (["algo.group_size=1"], "algo.group_size must be >= 2 (got 1)"),
     (["data=dataset", "data.path=/no/such.jsonl"], "data file '/no/such.jsonl' does not exist"),
@@ -68,6 +68,9 @@ ERRORS = [
     (["hardware=cpu_ray", "trainer.prompts_per_step=1", "algo.group_size=2", "hardware.learner_ranks=4"],
      "1 prompts/step x 2 = 2 responses cannot feed hardware.learner_ranks=4"),
     (["hardware.device=cuda"], "hardware.device=cuda but torch sees no GPU here"),
+    (["algo.routing_replay=true"], "algo.routing_replay=true needs a mixture-of-experts model; "),
+    (["model=tiny_moe", "algo.routing_source=engine"], "algo.routing_source='engine' is not one of: learner, rollout"),
+    (["model=tiny_moe", "algo.router_aux_loss_coef=-1"], "algo.router_aux_loss_coef must be >= 0"),
 ]
 
 

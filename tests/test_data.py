@@ -35,6 +35,9 @@ def test_sampler_resumes_exactly_from_its_position():
     assert resumed.next(163) == first[137:]
     epoch = first[:len(problems)]
     assert sorted(p.prompt for p in epoch) == sorted(p.prompt for p in problems)  # an epoch is a permutation
+    assert epoch != problems and first[len(problems):2 * len(problems)] != epoch  # a new order each epoch
+    in_order = PromptSampler(problems, seed=3, shuffle=False).next(250)
+    assert in_order == problems + problems + problems[:50]
 
 
 def test_jsonl_loader_and_its_errors(tmp_path):

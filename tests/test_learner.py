@@ -10,8 +10,8 @@ SETTINGS = dict(ratio_level="token", eps_low=0.2, eps_high=0.2, clip_ratio_c=Non
                 kl_coef=0.0, kl_estimator="k3", tis_cap=None)
 
 
-def batch_and_path():
-    path = resolve_model_path("builtin:tiny-adder")
+def batch_and_path(model: str = "builtin:tiny-adder"):
+    path = resolve_model_path(model)
     tok = load_tokenizer(path)
     engine = HFEngine(load_causal_lm(path, "float32", "cpu"), tok.pad_token_id, [tok.eos_token_id], seed=1)
     rollout = engine.generate([tok.encode(p) for p in ["57+65=", "12+34=", "38+47=", "90+19="]],

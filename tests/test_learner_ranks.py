@@ -18,7 +18,7 @@ SETTINGS_DAPO = SETTINGS | {"eps_high": 0.28, "loss_agg": "seq_mean_token_mean"}
 
 def make_learner(path, group=None, fsdp=False) -> Learner:
     return Learner(load_causal_lm(path, "float32", "cpu"), lr=1e-3, weight_decay=0.0, betas=(0.9, 0.999),
-                   eps=1e-8, max_grad_norm=1.0, group=group, fsdp=fsdp)
+                   eps=1e-8, max_grad_norm=1.0, group=group, fsdp=fsdp, routing_replay="tiny_moe" in str(path))
 
 
 def train(learner: Learner, batch, settings=(SETTINGS, SETTINGS_DAPO, SETTINGS)) -> list[dict]:
@@ -40,15 +40,17 @@ def rank_main(rank: int, port: int, out: str, fsdp: bool) -> None:
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("fsdp", [False, True], ids=["replicated", "fsdp"])
-def test_two_ranks_train_like_one(tmp_path, fsdp):
+@pytest.mark.parametrize("fsdp,model", [(False, "builtin:tiny-adder"), (True, "builtin:tiny-adder"),
+                                        (True, "builtin:tiny-moe")], ids=["replicated", "fsdp", "fsdp-moe-replay"])
+def test_two_ranks_train_like_one(tmp_path, fsdp, model):
     out = str(tmp_path / "rank")
-    path, batch = batch_and_path()
+    path, batch = batch_and_path(model)
     torch.save((path, batch), f"{out}.batch")
     mp.start_processes(rank_main, args=(free_port(), out, fsdp), nprocs=2, start_method="spawn", join=True)
     one = make_learner(path)
     one_metrics = train(one, batch)
     one_weights = {n: p.detach().clone() for n, p in one.model.named_parameters()}
+    tolerance = 1e-4 if "moe" in model else 1e-5  # the MoE model moves ~10x more per step at this lr
     for rank in (0,) if fsdp else (0, 1):  # under FSDP rank 0 alone gathers the full weights
         weights, metrics = load_file(f"{out}.{rank}"), torch.load(f"{out}.{rank}.metrics")
         for name, tensor in one_weights.items():
@@ -57,11 +59,12 @@ def test_two_ranks_train_like_one(tmp_path, fsdp):
                 # and Adam scales rounding noise to lr-sized steps, in one rank count as in the other
                 continue
             # 6 Adam steps of lr 1e-3; summation order differs (ranks, micro-batches): measured <= 1.1e-5
-            assert torch.allclose(weights[name], tensor, atol=3e-5, rtol=0), (rank, name)
+            # dense, <= 3.4e-5 MoE (router rows of rarely chosen experts: small gradients, scaled up by Adam)
+            assert torch.allclose(weights[name], tensor, atol=3 * tolerance, rtol=0), (rank, name)
         for ours, theirs in zip(metrics, one_metrics):
             assert ours.keys() == theirs.keys()
             for key in theirs:
-                assert abs(ours[key] - theirs[key]) <= 1e-4 * max(1.0, abs(theirs[key])), (rank, key)
+                assert abs(ours[key] - theirs[key]) <= 10 * tolerance * max(1.0, abs(theirs[key])), (rank, key)
     changed = load_file(f"{out}.0")
     start = dict(load_causal_lm(path, "float32", "cpu").named_parameters())
     assert any(not torch.equal(changed[n], start[n]) for n in start)

@@ -1,7 +1,7 @@
 import pytest
 
-from rlft.config import AlgoConfig, EpsHighSchedule, RunConfig
-from rlft.trainer import describe_batch, eps_high_at, lr_at
+from rlft.config import AlgoConfig, EpsHighSchedule, RunConfig, TrainerConfig
+from rlft.trainer import describe_batch, eps_high_at, lr_at, steps_for
 
 
 def test_lr_warms_up_linearly_then_stays():
@@ -24,3 +24,9 @@ def test_batch_description_uses_the_one_vocabulary():
     assert "16 prompts/step x group_size 4 = 64 responses/step (<= 512 response tokens)" in text
     assert "micro_batch_size 24 -> 3 forward/backward per optimizer step" in text
     assert "ppo_epochs 2 -> 2 optimizer step(s)/step, 200 in all" in text
+
+
+def test_epochs_set_the_number_of_steps_rounded_up():
+    assert steps_for(TrainerConfig(steps=7), train_size=100) == 7
+    assert steps_for(TrainerConfig(steps=7, epochs=1.5, prompts_per_step=8), train_size=100) == 19  # 18.75
+    assert steps_for(TrainerConfig(epochs=2, prompts_per_step=10), train_size=100) == 20

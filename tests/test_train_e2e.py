@@ -117,3 +117,22 @@ def test_mask_truncated_drops_cut_off_responses_from_the_loss(rlft, tmp_path):
     for r in masked:
         stopped = round((1 - r["rollout/truncated_frac"]) * 32)
         assert r["train/tokens"] <= 2 * stopped < r["rollout/tokens"]
+
+
+@pytest.mark.parametrize("source", ["learner", "rollout"])
+def test_routing_replay_on_the_moe_model_leaves_no_drift(rlft, tmp_path, source):
+    """model=tiny_moe, 3 ppo epochs: without replay some tokens change experts between the old pass and
+    the training passes; with replay (of the learner's old pass, or of the HF engine's routes) none do."""
+    drift = {}
+    for replay in ("false", "true"):
+        run = tmp_path / replay
+        rlft("train", f"hydra.run.dir={run}", *TINY_RUN, "model=tiny_moe", "trainer.steps=3", "trainer.eval_every=3",
+             "algo.ppo_epochs=3", "algo.micro_batch_size=8", "optim.lr=1e-3", f"algo.routing_replay={replay}",
+             f"algo.routing_source={source}")
+        rows = [r for r in read_metrics(run) if r.get("kind") != "eval"]
+        drift[replay] = [(r["moe/routing_drift"], r["moe/router_drift"]) for r in rows]
+        assert all(r["moe/load_balance_loss"] > 0 and sum(r[f"moe/expert_tokens/{e}"] for e in range(8)) > 0
+                   for r in rows)
+    assert any(used > 0 for used, _ in drift["false"])
+    assert all(used == router for used, router in drift["false"])
+    assert all(used == 0.0 for used, _ in drift["true"]) and any(router > 0 for _, router in drift["true"])

@@ -162,3 +162,39 @@ def test_rlft_train_with_the_vllm_engine_learns(rlft, tmp_path):
     assert evals[-1] > evals[0] + 0.3, evals  # measured: 0.29 -> 0.89 after 20 steps
     assert max(r["rollout/logprob_diff_max"] for r in steps) < 1e-3
     assert all(r["sync/bytes"] > 0 for r in steps)
+
+
+def test_a_moe_model_syncs_exactly_into_vllm():
+    """model=tiny_moe: vLLM's CPU MoE prepacks the expert weights, and its in-place reload skips that step
+    (rlft.rollout.vllm_worker repeats it). Without it the engine's log-probs drift by ~0.5 after one sync."""
+    from rlft.rollout.vllm_engine import VLLMEngine
+    path = resolve_model_path("builtin:tiny-moe")
+    tokenizer = load_tokenizer(path)
+    prompts = [tokenizer.encode(p.prompt) for p in problems(16, seed=4)]
+    engine = VLLMEngine(str(path), "float32", seed=0, pad_id=tokenizer.pad_token_id)
+    model = load_causal_lm(path, "float32", "cpu")
+
+    def worst_gap() -> float:
+        rollout = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=6))
+        with torch.no_grad():
+            logp = response_logprobs(model, rollout.prompt_ids, rollout.prompt_mask, rollout.response_ids,
+                                     rollout.response_mask)
+        return float((logp - rollout.logprobs).abs().max())
+
+    assert worst_gap() < LOGPROB_TOLERANCE
+    with torch.no_grad():
+        for p in model.parameters():  # experts, routers, attention and embeddings all move
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.05)
+    assert worst_gap() > 0.1
+    push_weights(model, engine)
+    assert worst_gap() < LOGPROB_TOLERANCE
+
+
+def test_the_routed_experts_api_rlft_uses_on_gpus_is_there():
+    """algo.routing_source=rollout with vLLM runs on GPUs only (Model Runner V2); this guards its API here."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.outputs import CompletionOutput
+    assert "enable_return_routed_experts" in {f.name for f in dataclasses.fields(EngineArgs)}
+    assert "routed_experts" in {f.name for f in dataclasses.fields(CompletionOutput)}

@@ -11,6 +11,7 @@ from transformers import PreTrainedModel
 
 from rlft.algos.losses import policy_loss
 from rlft.learner.logprobs import response_logprobs
+from rlft.learner.routing import RouterTap, find_routers
 
 
 @dataclass
@@ -25,6 +26,7 @@ class TrainBatch:
     advantages: torch.Tensor       # [N]
     rollout_logprobs: torch.Tensor  # [N, R] the engine's log-probs of the sampled tokens
     ref_logprobs: torch.Tensor | None  # [N, R] under the frozen reference, when kl_coef > 0
+    routes: torch.Tensor | None = None  # [N, P+R, layers, k] MoE experts the engine routed to (R3 replay)
 
     @property
     def size(self) -> int:
@@ -39,13 +41,23 @@ class Learner:
 
     `fsdp`: shard parameters, gradients and optimizer state over the group (FSDP2 `fully_shard`, one unit
     per decoder layer); gradients are then reduce-scattered by FSDP itself, summed as above.
+
+    Mixture-of-experts policies (rlft.learner.routing): every pass's routing is measured; `routing_replay`
+    makes the training passes use the experts of the old-policy pass (or of the rollout engine, when the
+    batch carries its routes); `router_aux_loss_coef` adds the load-balancing loss.
     """
 
     def __init__(self, model: PreTrainedModel, lr: float, weight_decay: float, betas: tuple[float, float],
-                 eps: float, max_grad_norm: float, group: dist.ProcessGroup | None = None, fsdp: bool = False):
+                 eps: float, max_grad_norm: float, group: dist.ProcessGroup | None = None, fsdp: bool = False,
+                 routing_replay: bool = False, router_aux_loss_coef: float = 0.0):
         if fsdp and group is None:
             raise ValueError("fsdp needs a group of learner ranks")
         self.model = model
+        self.routing = RouterTap(model) if find_routers(model) else None
+        if routing_replay and self.routing is None:
+            raise ValueError("routing replay needs a mixture-of-experts model; this one has no MoE routers")
+        self.routing_replay = routing_replay
+        self.router_aux_loss_coef = router_aux_loss_coef
         self.group = group
         self.fsdp = fsdp
         self.rank, self.world = (dist.get_rank(group), dist.get_world_size(group)) if group else (0, 1)
@@ -78,6 +90,8 @@ class Learner:
         mine = rank_rows(batch.size, self.rank, self.world)
         share = len(rank_rows(batch.size, 0, self.world))  # the largest share
         old_logp = torch.zeros_like(batch.rollout_logprobs)
+        token_mask = torch.cat([batch.prompt_mask, batch.response_mask], dim=1)  # the model's input tokens
+        routing = self.routing.counts() if self.routing is not None else None
         totals = _StepMetrics()
         grad_norms, entropy_sum = [], 0.0
         # FSDP gathers weights in every forward: each rank must run as many passes as the largest share
@@ -92,6 +106,8 @@ class Learner:
                     self._empty_pass(batch, temperature)
                     continue
                 first_epoch = epoch == 0
+                if self.routing is not None:
+                    self._begin_routing(index, rows, token_mask, batch.routes, first_epoch)
                 out = response_logprobs(self.model, batch.prompt_ids[rows], batch.prompt_mask[rows],
                                         batch.response_ids[rows], batch.response_mask[rows], temperature,
                                         with_entropy=first_epoch)
@@ -103,6 +119,11 @@ class Learner:
                     num_sequences=num_sequences, num_tokens=num_tokens, max_response_len=max_response_len,
                     ref_logp=None if batch.ref_logprobs is None else batch.ref_logprobs[rows],
                     rollout_logp=batch.rollout_logprobs[rows], **loss_settings)
+                if self.routing is not None:
+                    balance = self.routing.end(routing)
+                    if self.router_aux_loss_coef:  # a token-weighted mean over the step's passes
+                        token_share = token_mask[rows].sum() / token_mask.sum()
+                        loss = loss + self.router_aux_loss_coef * balance * token_share
                 # under FSDP the reduce-scatter averages: scaled so that it sums, as _sum_gradients does
                 (loss * self.world if self.fsdp else loss).backward()
                 if first_epoch:
@@ -128,9 +149,31 @@ class Learner:
         out["tokens"] = num_tokens
         out["logprob_diff_mean"] = diff_sum / diff_count if diff_count else 0.0
         out["logprob_diff_max"] = diff_max
+        if self.routing is not None:
+            self.routing.clear()
+            flat = routing.as_tensor()
+            if self.group is not None:
+                dist.all_reduce(flat, group=self.group)
+            out |= routing.with_tensor(flat).metrics()
         return out
 
+    def _begin_routing(self, index: int, rows: slice, token_mask: torch.Tensor, engine_routes, first_epoch: bool):
+        """The routing of one pass. Old routes are the first epoch's own (the old-policy pass), or the
+        engine's when the batch has them; later epochs, and every pass against the engine's routes, are
+        compared with them, and replay them when routing_replay is on."""
+        if engine_routes is not None:
+            if first_epoch:
+                self.routing.set_routes(index, engine_routes[rows])
+            self.routing.begin(index, token_mask[rows], record=False, replay=self.routing_replay, compare=True,
+                               count_load=first_epoch)
+        else:
+            self.routing.begin(index, token_mask[rows], record=first_epoch,
+                               replay=self.routing_replay and not first_epoch, compare=not first_epoch,
+                               count_load=first_epoch)
+
     def _empty_pass(self, batch: TrainBatch, temperature: float) -> None:
+        if self.routing is not None:
+            self.routing.idle()
         logp = response_logprobs(self.model, batch.prompt_ids[:1], batch.prompt_mask[:1], batch.response_ids[:1],
                                  batch.response_mask[:1], temperature)
         (logp.sum() * 0.0).backward()

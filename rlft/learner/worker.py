@@ -15,8 +15,10 @@ import torch.distributed as dist
 
 from rlft.checkpoint import TrainerState, load_checkpoint, save_checkpoint
 from rlft.config import RunConfig
+from rlft.errors import ConfigError
 from rlft.learner.learner import Learner, TrainBatch
 from rlft.learner.logprobs import response_logprobs
+from rlft.learner.routing import find_routers
 from rlft.models.loading import load_causal_lm
 from rlft.rollout.base import Rollout, RolloutEngine
 from rlft.sync import SyncStats, push_tensors
@@ -34,9 +36,13 @@ class LearnerWorker:
         self.lora = cfg.model.lora.r > 0
         if self.lora:  # only the adapters train (and are checkpointed); engines get the merged weights
             policy = with_lora(policy, cfg.model.lora)
+        if cfg.algo.routing_replay and not find_routers(policy):
+            raise ConfigError(f"algo.routing_replay=true needs a mixture-of-experts model; {model_path} has no "
+                              "MoE routers (model=tiny_moe is one)")
         self.learner = Learner(policy, lr=o.lr, weight_decay=o.weight_decay,
                                betas=tuple(o.betas), eps=o.eps, max_grad_norm=o.max_grad_norm, group=group,
-                               fsdp=cfg.hardware.fsdp)
+                               fsdp=cfg.hardware.fsdp, routing_replay=cfg.algo.routing_replay,
+                               router_aux_loss_coef=cfg.algo.router_aux_loss_coef)
         self.rank = self.learner.rank
         self.reference = None
         if cfg.algo.kl_coef > 0:  # beta = 0 loads no reference model at all

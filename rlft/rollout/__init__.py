@@ -6,8 +6,10 @@ from rlft.models.loading import load_causal_lm
 from rlft.rollout.base import RolloutEngine
 
 
-def build_engine(cfg, model_path: str, dtype: str, device: str, tokenizer, seed: int) -> RolloutEngine:
-    """An engine with its own copy of the weights at `model_path`."""
+def build_engine(cfg, model_path: str, dtype: str, device: str, tokenizer, seed: int,
+                 return_routes: bool = False) -> RolloutEngine:
+    """An engine with its own copy of the weights at `model_path`; `return_routes`: with each rollout, the
+    MoE experts every token was routed to (algo.routing_source=rollout)."""
     eos = getattr(tokenizer, "eos_token_id", None)
     eos_ids = sorted({eos} if eos is not None else set())
     if cfg.engine == "hf":
@@ -17,12 +19,12 @@ def build_engine(cfg, model_path: str, dtype: str, device: str, tokenizer, seed:
         if generation_eos is not None:
             eos_ids = sorted(set(eos_ids) | set([generation_eos] if isinstance(generation_eos, int) else generation_eos))
         return HFEngine(model, pad_id=tokenizer.pad_token_id, eos_ids=eos_ids, seed=seed,
-                        max_batch_size=cfg.max_batch_size)
+                        max_batch_size=cfg.max_batch_size, return_routes=return_routes)
     if cfg.engine == "vllm":
         from rlft.rollout.vllm_engine import VLLMEngine
         return VLLMEngine(str(model_path), dtype, seed, pad_id=tokenizer.pad_token_id,
                           max_model_len=cfg.max_model_len, gpu_memory_utilization=cfg.gpu_memory_utilization,
                           tensor_parallel_size=cfg.tensor_parallel_size, enable_sleep_mode=cfg.enable_sleep_mode,
                           in_process=cfg.in_process, sync_bucket_mb=cfg.sync_bucket_mb,
-                          weight_sync=cfg.weight_sync)
+                          weight_sync=cfg.weight_sync, return_routes=return_routes)
     raise ValueError(f"unknown rollout engine '{cfg.engine}'")

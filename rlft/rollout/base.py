@@ -30,6 +30,10 @@ class Rollout:
     response_mask: torch.Tensor   # [N, R] long, 1 on generated tokens (EOS included)
     logprobs: torch.Tensor        # [N, R] float32, the engine's log-prob of each generated token, 0 on padding
     truncated: torch.Tensor       # [N] bool, True where max_new_tokens was hit before EOS
+    # [N, P+R, layers, k] uint8: the MoE experts each token was routed to (only when asked for, R3 replay).
+    # Padding, and the last sampled token (never fed back), hold expert 0: causal attention keeps them
+    # out of every scored log-prob.
+    routes: torch.Tensor | None = None
 
     @property
     def response_lengths(self) -> torch.Tensor:  # [N]
@@ -38,7 +42,8 @@ class Rollout:
     def select(self, rows: torch.Tensor) -> "Rollout":
         """The rows at `rows` (indices or a bool mask), in order."""
         return Rollout(self.prompt_ids[rows], self.prompt_mask[rows], self.response_ids[rows],
-                       self.response_mask[rows], self.logprobs[rows], self.truncated[rows])
+                       self.response_mask[rows], self.logprobs[rows], self.truncated[rows],
+                       None if self.routes is None else self.routes[rows])
 
 
 class RolloutEngine(Protocol):
@@ -85,6 +90,15 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
 
     p = max(r.prompt_ids.shape[1] for r in parts)
     w = max(r.response_ids.shape[1] for r in parts)
+    routes = None
+    if all(r.routes is not None for r in parts):
+        def pad_routes(r: Rollout) -> torch.Tensor:
+            own_p, own_w = r.prompt_ids.shape[1], r.response_ids.shape[1]
+            rows, _, layers, k = r.routes.shape
+            out = torch.zeros((rows, p + w, layers, k), dtype=r.routes.dtype)
+            out[:, p - own_p:p + own_w] = r.routes
+            return out
+        routes = torch.cat([pad_routes(r) for r in parts])
     return Rollout(
         prompt_ids=torch.cat([pad_to(r.prompt_ids, p, pad_id, True) for r in parts]),
         prompt_mask=torch.cat([pad_to(r.prompt_mask, p, 0, True) for r in parts]),
@@ -92,4 +106,20 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         response_mask=torch.cat([pad_to(r.response_mask, w, 0, False) for r in parts]),
         logprobs=torch.cat([pad_to(r.logprobs, w, 0.0, False) for r in parts]),
         truncated=torch.cat([r.truncated for r in parts]),
+        routes=routes,
     )
+
+
+def place_routes(per_request: list[torch.Tensor], prompt_lens: list[int], prompt_width: int,
+                 response_width: int) -> torch.Tensor:
+    """Per-request routes [tokens_i, layers, k] (prompt tokens first, then response tokens; an engine may
+    leave out the last) -> [N, P+R, layers, k], aligned with cat([prompt_ids, response_ids], 1)."""
+    layers, k = per_request[0].shape[1:]
+    largest = max((int(r.max()) for r in per_request if r.numel()), default=0)
+    dtype = torch.uint8 if largest < 256 else torch.int16  # up to 256 experts in one byte
+    out = torch.zeros((len(per_request), prompt_width + response_width, layers, k), dtype=dtype)
+    for row, (routes, plen) in enumerate(zip(per_request, prompt_lens)):
+        start = prompt_width - plen
+        take = min(routes.shape[0], plen + response_width)
+        out[row, start:start + take] = routes[:take].to(dtype)
+    return out

@@ -12,18 +12,24 @@ from typing import Iterable
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from rlft.rollout.base import Rollout, SamplingParams, concat_rollouts, left_pad
+from rlft.rollout.base import Rollout, SamplingParams, concat_rollouts, left_pad, place_routes
 
 
 class HFEngine:
     def __init__(self, model: PreTrainedModel, pad_id: int, eos_ids: list[int], seed: int,
-                 max_batch_size: int = 1024):
+                 max_batch_size: int = 1024, return_routes: bool = False):
         self.model = model.eval().requires_grad_(False)
         self.pad_id = pad_id
         self.eos_ids = torch.tensor(eos_ids, dtype=torch.long)
         self.max_batch_size = max_batch_size
         self.generator = torch.Generator().manual_seed(seed)
         self._tensors = dict(model.named_parameters()) | dict(model.named_buffers())
+        self.routes = None
+        if return_routes:  # MoE: the experts of every prefill and decode step, for routing replay (R3)
+            from rlft.learner.routing import RouteRecorder
+            self.routes = RouteRecorder(model)
+            if not self.routes.routers:
+                raise ValueError("return_routes needs a mixture-of-experts model; this one has no MoE routers")
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollout:
@@ -39,6 +45,8 @@ class HFEngine:
         mask = prompt_mask.to(device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
+        if self.routes is not None:
+            self.routes.start()
         out = self.model(input_ids=prompt_ids.to(device), attention_mask=mask, position_ids=positions,
                          past_key_values=cache, use_cache=True)
         tokens, logprobs = [], []
@@ -62,9 +70,14 @@ class HFEngine:
         is_eos = torch.isin(response_ids, eos_ids).long()
         eos_before = is_eos.cumsum(1) - is_eos
         response_mask = (eos_before == 0).long()
+        routes = None
+        if self.routes is not None:  # [B, P + R - 1, L, k]: the last sampled token was never fed
+            recorded = self.routes.take(batch)
+            width = prompt_ids.shape[1]
+            routes = place_routes(list(recorded), [width] * batch, width, response_ids.shape[1])
         return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
                        response_mask=response_mask, logprobs=torch.stack(logprobs, dim=1) * response_mask,
-                       truncated=~finished)
+                       truncated=~finished, routes=routes)
 
     def _sample(self, logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
         if params.temperature == 0:

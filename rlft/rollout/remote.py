@@ -41,7 +41,7 @@ class RolloutActor:
         tokenizer = load_tokenizer(model_path)
         # worker 0 samples with the run's seed, as the one engine of hardware=cpu does
         self.engine = build_engine(cfg.rollout, model_path, cfg.model.dtype, self.device, tokenizer,
-                                   seed=cfg.seed + index)
+                                   seed=cfg.seed + index, return_routes=cfg.algo.routing_source == "rollout")
         self.receiver = None
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> tuple[Rollout, torch.Tensor]:

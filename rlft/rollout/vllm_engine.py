@@ -16,7 +16,7 @@ from typing import Iterable
 
 import torch
 
-from rlft.rollout.base import Rollout, SamplingParams, left_pad, right_pad
+from rlft.rollout.base import Rollout, SamplingParams, left_pad, place_routes, right_pad
 
 
 INSTALL_HINT = ("rollout=vllm needs vLLM installed: `make setup-vllm` (CPU build) or "
@@ -35,7 +35,7 @@ class VLLMEngine:
     def __init__(self, model_path: str, dtype: str, seed: int, *, pad_id: int, max_model_len: int | None = None,
                  gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1,
                  enable_sleep_mode: bool = False, in_process: bool = True, sync_bucket_mb: int = 256,
-                 weight_sync: str = "rpc", sync_host: str = "127.0.0.1"):
+                 weight_sync: str = "rpc", sync_host: str = "127.0.0.1", return_routes: bool = False):
         if not vllm_available():
             raise ImportError(INSTALL_HINT)
         if weight_sync == "broadcast" and in_process:
@@ -47,13 +47,17 @@ class VLLMEngine:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # rlft's console line per step, not vLLM's
         from vllm import LLM
         threads = torch.get_num_threads()
+        # MoE routing replay from the engine (R3): vLLM returns each token's experts; in 0.32 only with its
+        # Model Runner V2, which needs Triton (GPUs; the CPU build refuses it at start-up).
+        extra = {"enable_return_routed_experts": True} if return_routes else {}
+        self.return_routes = return_routes
         self.llm = LLM(model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
                        gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size,
                        enable_sleep_mode=enable_sleep_mode, enforce_eager=True, enable_prefix_caching=True,
                        worker_extension_cls="rlft.rollout.vllm_worker.WeightReceiver",
                        # the learner scores tokens at the sampling temperature: report those log-probs,
                        # not the raw model's
-                       logprobs_mode="processed_logprobs")
+                       logprobs_mode="processed_logprobs", **extra)
         import rlft.rollout.vllm_worker  # noqa: F401  (quiets the reload's expected warnings in this process)
         torch.set_num_threads(threads)  # vLLM lowers them "for serving"; the learner in this process needs them
         self.pad_id = pad_id
@@ -87,7 +91,7 @@ class VLLMEngine:
         sampling = VLLMSampling(n=params.n, temperature=params.temperature, top_p=params.top_p,
                                 max_tokens=params.max_new_tokens, logprobs=0, detokenize=False)
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sampling, use_tqdm=False)
-        requests, responses, logprobs, truncated = [], [], [], []
+        requests, responses, logprobs, truncated, routes = [], [], [], [], []
         for prompt, output in zip(prompts, outputs):
             for completion in output.outputs:  # the n samples of one prompt, adjacent as the interface says
                 ids = list(completion.token_ids)
@@ -95,12 +99,16 @@ class VLLMEngine:
                 responses.append(ids)
                 logprobs.append([step[token].logprob for step, token in zip(completion.logprobs, ids)])
                 truncated.append(completion.finish_reason == "length")
+                if self.return_routes:  # [prompt + response - 1, layers, k]: the last token was not fed
+                    routes.append(torch.from_numpy(completion.routed_experts.astype("int16")))
         prompt_ids, prompt_mask = left_pad(requests, self.pad_id)
         response_ids, response_mask = right_pad(responses, self.pad_id, torch.long)
         response_logprobs, _ = right_pad(logprobs, 0.0, torch.float32)
         return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
                        response_mask=response_mask, logprobs=response_logprobs,
-                       truncated=torch.tensor(truncated, dtype=torch.bool))
+                       truncated=torch.tensor(truncated, dtype=torch.bool),
+                       routes=place_routes(routes, [len(r) for r in requests], prompt_ids.shape[1],
+                                           response_ids.shape[1]) if routes else None)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         self.wake_up(tags=["weights"])

@@ -1,0 +1,254 @@
+"""Routing replay on mixture-of-experts policies (rlft.learner.routing; ALGORITHMS.md)."""
+
+import pytest
+import torch
+from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+from rlft.algos.losses import policy_loss
+from rlft.learner.learner import Learner, TrainBatch
+from rlft.learner.logprobs import response_logprobs
+from rlft.learner.routing import RouterTap, find_routers
+
+SETTINGS = dict(ratio_level="token", eps_low=0.2, eps_high=0.2, clip_ratio_c=None, loss_agg="token_mean",
+                kl_coef=0.0, kl_estimator="k3", tis_cap=None)
+SHAPE = dict(vocab_size=32, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+             head_dim=32, max_position_embeddings=64, num_experts_per_tok=2, pad_token_id=0, eos_token_id=1)
+
+
+def qwen3_moe(seed=0):
+    torch.manual_seed(seed)
+    return Qwen3MoeForCausalLM(Qwen3MoeConfig(num_experts=8, moe_intermediate_size=32, intermediate_size=64,
+                                              norm_topk_prob=True, mlp_only_layers=[], **SHAPE)).eval()
+
+
+def mixtral(seed=0):
+    torch.manual_seed(seed)
+    return MixtralForCausalLM(MixtralConfig(num_local_experts=8, intermediate_size=32, **SHAPE)).eval()
+
+
+def tokens(rows=4, length=10, seed=1):
+    ids = torch.randint(2, 32, (rows, length), generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0  # left padding in one row
+    return ids, mask
+
+
+def experts_used(model):
+    """Spy on the experts modules' top_k_index argument: the experts that actually ran, per layer."""
+    used, handles = {}, []
+    for layer, block in enumerate(m for m in model.modules() if hasattr(m, "experts") and hasattr(m, "gate")):
+        handles.append(block.experts.register_forward_pre_hook(
+            lambda mod, args, layer=layer: used.__setitem__(layer, args[1].clone())))
+    return used, handles
+
+
+def nudge_routers(model, scale=0.5, seed=5):
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for router in find_routers(model):
+            router.weight.add_(torch.randn(router.weight.shape, generator=gen) * scale * router.weight.std())
+
+
+def test_replay_forces_the_recorded_experts_after_the_router_has_moved():
+    model = qwen3_moe()
+    ids, mask = tokens()
+    tap = RouterTap(model)
+    used, _ = experts_used(model)
+    counts = tap.counts()
+    tap.begin("pass", mask, record=True, replay=False, compare=False)
+    model(input_ids=ids, attention_mask=mask)
+    tap.end(counts)
+    recorded = {layer: idx.clone() for layer, idx in tap.recorded["pass"].items()}
+    assert set(recorded) == {0, 1} and recorded[0].shape == (ids.numel(), 2)
+    nudge_routers(model)
+
+    drifting = tap.counts()
+    tap.begin("pass", mask, record=False, replay=False, compare=True)
+    model(input_ids=ids, attention_mask=mask)
+    tap.end(drifting)
+    changed = [(used[layer].sort(-1).values != recorded[layer].sort(-1).values).any(-1) for layer in recorded]
+    assert any(c.any() for c in changed)  # replay off: some tokens go to other experts now
+    assert drifting.metrics()["moe/routing_drift"] == drifting.metrics()["moe/router_drift"] > 0
+
+    replayed = tap.counts()
+    tap.begin("pass", mask, record=False, replay=True, compare=True)
+    model(input_ids=ids, attention_mask=mask)
+    tap.end(replayed)
+    for layer in recorded:  # replay on: every layer and token runs the recorded experts
+        assert torch.equal(used[layer], recorded[layer]), layer
+    metrics = replayed.metrics()
+    assert metrics["moe/routing_drift"] == 0.0
+    assert metrics["moe/router_drift"] == pytest.approx(drifting.metrics()["moe/router_drift"])
+
+
+@pytest.mark.parametrize("build", [qwen3_moe, mixtral])
+def test_replaying_a_models_own_routes_changes_nothing(build):
+    """Same weights: the replayed gate weights equal the router's own, for both normalisation styles."""
+    model = build()
+    ids, mask = tokens()
+    plain = model(input_ids=ids, attention_mask=mask).logits
+    tap = RouterTap(model)
+    tap.begin(0, mask, record=True, replay=False, compare=False)
+    model(input_ids=ids, attention_mask=mask)
+    tap.begin(0, mask, record=False, replay=True, compare=True)
+    replayed = model(input_ids=ids, attention_mask=mask).logits
+    assert torch.allclose(plain, replayed, atol=1e-6, rtol=0)
+    tap.clear()  # outside learner passes the hooks change nothing
+    assert torch.equal(model(input_ids=ids, attention_mask=mask).logits, plain)
+
+
+def test_gradients_reach_the_routers_with_replay_on():
+    model = qwen3_moe().train()
+    ids, mask = tokens()
+    tap = RouterTap(model)
+    tap.begin(0, mask, record=True, replay=False, compare=False)
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask)
+    nudge_routers(model)
+    tap.begin(0, mask, record=False, replay=True, compare=True)
+    model(input_ids=ids, attention_mask=mask).logits.logsumexp(-1).sum().backward()
+    for router in find_routers(model):
+        assert router.weight.grad is not None and router.weight.grad.abs().sum() > 0
+
+
+def moe_batch(model, rows=8, prompt_len=4, response_len=5):
+    gen = torch.Generator().manual_seed(3)
+    prompt = torch.randint(2, 32, (rows, prompt_len), generator=gen)
+    response = torch.randint(2, 32, (rows, response_len), generator=gen)
+    prompt_mask, response_mask = torch.ones_like(prompt), torch.ones_like(response)
+    prompt_mask[0, :2] = 0
+    response_mask[1, 3:] = 0
+    with torch.no_grad():
+        logp = response_logprobs(model, prompt, prompt_mask, response, response_mask)
+    advantages = torch.linspace(-1, 1, rows)
+    return TrainBatch(prompt_ids=prompt, prompt_mask=prompt_mask, response_ids=response, response_mask=response_mask,
+                      loss_mask=response_mask, advantages=advantages, rollout_logprobs=logp, ref_logprobs=None)
+
+
+def moe_learner(seed=0, **kwargs):
+    return Learner(qwen3_moe(seed).train(), lr=3e-2, weight_decay=0.0, betas=(0.9, 0.999), eps=1e-8,
+                   max_grad_norm=1e9, **kwargs)
+
+
+@pytest.mark.parametrize("micro_batch_size", [8, 3])
+def test_learner_reports_drift_without_replay_and_none_with_it(micro_batch_size):
+    runs = {}
+    for replay in (False, True):
+        learner = moe_learner(routing_replay=replay)
+        batch = moe_batch(learner.model)
+        runs[replay] = learner.update(batch, ppo_epochs=3, micro_batch_size=micro_batch_size, temperature=1.0,
+                                      max_response_len=5, loss_settings=SETTINGS)
+    off, on = runs[False], runs[True]
+    assert off["moe/routing_drift"] == off["moe/router_drift"] > 0  # the router moved in epochs 2-3
+    assert on["moe/routing_drift"] == 0.0 and on["moe/router_drift"] > 0
+    real = int(torch.cat([batch.prompt_mask, batch.response_mask], 1).sum())
+    assert sum(on[f"moe/expert_tokens/{e}"] for e in range(8)) == real * 2 * 2  # tokens x layers x top-k
+
+
+def test_the_loss_is_the_dense_formula_on_the_replayed_logprobs():
+    """Routes from outside (the rollout engine's, R3): the learner replays them in every pass, and its loss
+    is policy_loss of the log-probs computed under those routes, nothing else."""
+    learner = moe_learner(routing_replay=True)
+    batch = moe_batch(learner.model)
+    layers, tokens_per_row = 2, batch.prompt_ids.shape[1] + batch.response_ids.shape[1]
+    routes = torch.stack([torch.randperm(8, generator=torch.Generator().manual_seed(i))[:2]
+                          for i in range(batch.size * tokens_per_row * layers)])
+    batch.routes = routes.view(batch.size, tokens_per_row, layers, 2)
+
+    reference = qwen3_moe().train()
+    tap = RouterTap(reference)
+    tap.set_routes("all", batch.routes)
+    tap.begin("all", torch.cat([batch.prompt_mask, batch.response_mask], 1), record=False, replay=True, compare=True)
+    logp = response_logprobs(reference, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
+    tap.clear()
+    expected, _ = policy_loss(logp, logp.detach(), batch.advantages, batch.loss_mask,
+                              num_sequences=batch.size, num_tokens=int(batch.loss_mask.sum()), max_response_len=5,
+                              rollout_logp=batch.rollout_logprobs, **SETTINGS)
+    metrics = learner.update(batch, ppo_epochs=1, micro_batch_size=8, temperature=1.0, max_response_len=5,
+                             loss_settings=SETTINGS)
+    assert metrics["loss"] == pytest.approx(expected.item(), abs=1e-7)
+    assert metrics["moe/routing_drift"] == 0.0 and metrics["moe/router_drift"] > 0.5  # random routes
+
+
+def test_the_load_balancing_loss_is_added_with_its_coefficient():
+    plain, balanced = moe_learner(), moe_learner(router_aux_loss_coef=0.1)
+    batch = moe_batch(plain.model)
+    a = plain.update(batch, ppo_epochs=1, micro_batch_size=8, temperature=1.0, max_response_len=5,
+                     loss_settings=SETTINGS)
+    b = balanced.update(batch, ppo_epochs=1, micro_batch_size=8, temperature=1.0, max_response_len=5,
+                        loss_settings=SETTINGS)
+    assert a["moe/load_balance_loss"] == pytest.approx(b["moe/load_balance_loss"])
+    assert a["moe/load_balance_loss"] > 0
+    # one pass: the loss term is the step's load balance
+    assert b["loss"] - a["loss"] == pytest.approx(0.1 * a["moe/load_balance_loss"], rel=1e-4)
+    assert any(not torch.equal(p, q) for (_, p), q in zip(plain.model.named_parameters(),
+                                                          balanced.model.parameters()))
+
+
+def test_the_load_balance_metric_does_not_depend_on_the_micro_batches():
+    metrics = [moe_learner().update(moe_batch(qwen3_moe()), ppo_epochs=1, micro_batch_size=size, temperature=1.0,
+                                    max_response_len=5, loss_settings=SETTINGS) for size in (8, 3)]
+    for key in ("moe/load_balance_loss", "moe/expert_load_cv", *(f"moe/expert_tokens/{e}" for e in range(8))):
+        assert metrics[0][key] == pytest.approx(metrics[1][key], rel=1e-6), key
+
+
+def test_a_dense_model_has_no_routers_and_replay_is_refused():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    dense = Qwen2ForCausalLM(Qwen2Config(vocab_size=32, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1))
+    assert find_routers(dense) == []
+    with pytest.raises(ValueError, match="mixture-of-experts"):
+        Learner(dense, lr=1e-3, weight_decay=0.0, betas=(0.9, 0.999), eps=1e-8, max_grad_norm=1.0,
+                routing_replay=True)
+
+
+@pytest.mark.parametrize("max_batch_size", [16, 3])  # 3: rollouts of different widths are concatenated
+def test_the_hf_engine_returns_the_routes_a_full_forward_pass_picks(max_batch_size):
+    from rlft.rollout.base import SamplingParams
+    from rlft.rollout.hf_engine import HFEngine
+    engine = HFEngine(qwen3_moe(), pad_id=0, eos_ids=[1], seed=0, max_batch_size=max_batch_size, return_routes=True)
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12], [13, 14]]
+    rollout = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=6))
+    ids = torch.cat([rollout.prompt_ids, rollout.response_ids], 1)
+    mask = torch.cat([rollout.prompt_mask, rollout.response_mask], 1)
+    assert rollout.routes.shape == (6, ids.shape[1], 2, 2) and rollout.routes.dtype == torch.uint8
+
+    model = qwen3_moe()
+    tap = RouterTap(model)
+    tap.begin(0, mask, record=True, replay=False, compare=False)
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0))
+    full = torch.stack([tap.recorded[0][layer] for layer in range(2)], 1).view(6, ids.shape[1], 2, 2)
+    # every real token but the last one of each response (never fed back) went to the same experts
+    scored = mask.clone()
+    last = rollout.prompt_ids.shape[1] + rollout.response_mask.sum(-1) - 1
+    scored[torch.arange(6), last] = 0
+    same = (rollout.routes.long().sort(-1).values == full.sort(-1).values).all(-1).all(-1)
+    assert same[scored.bool()].all()
+
+
+def test_replay_under_gradient_checkpointing_gives_the_same_update():
+    """The backward recompute of a checkpointed layer runs the routers again: it must replay too."""
+    plain, checkpointed = moe_learner(routing_replay=True), moe_learner(routing_replay=True)
+    checkpointed.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    batch = moe_batch(plain.model)
+    a = plain.update(batch, ppo_epochs=3, micro_batch_size=4, temperature=1.0, max_response_len=5,
+                     loss_settings=SETTINGS)
+    b = checkpointed.update(batch, ppo_epochs=3, micro_batch_size=4, temperature=1.0, max_response_len=5,
+                            loss_settings=SETTINGS)
+    assert a["moe/router_drift"] > 0 and b["moe/routing_drift"] == 0.0
+    assert b["loss"] == pytest.approx(a["loss"], abs=1e-6)
+    for (name, p), q in zip(plain.model.named_parameters(), checkpointed.model.parameters()):
+        assert torch.allclose(p, q, atol=1e-5), name
+
+
+def test_engine_routes_are_placed_like_the_padded_tokens():
+    """vLLM's layout: per request, prompt then response tokens, the last sampled one missing."""
+    from rlft.rollout.base import place_routes
+    prompt_lens, response_lens = [2, 4], [3, 1]
+    per_request = [torch.arange(p + r - 1).view(-1, 1, 1).expand(-1, 2, 2) + 10 * i
+                   for i, (p, r) in enumerate(zip(prompt_lens, response_lens))]
+    routes = place_routes(per_request, prompt_lens, prompt_width=4, response_width=3)
+    assert routes.shape == (2, 7, 2, 2) and routes.dtype == torch.uint8
+    assert routes[0, :, 0, 0].tolist() == [0, 0, 0, 1, 2, 3, 0]  # 2 pad, prompt 0-1, response 2-3, last missing
+    assert routes[1, :, 0, 0].tolist() == [10, 11, 12, 13, 0, 0, 0]  # one response token: never fed back
