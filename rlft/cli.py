@@ -15,6 +15,7 @@ USAGE = """usage: rlft train [KEY=VALUE ...] [GROUP=OPTION ...] [-m] [--cfg job]
   rlft train                          the default run (GRPO on the built-in addition task)
   rlft train algo.lr=... trainer.steps=50
   rlft train --cfg job                print the composed config and exit
+  rlft train --profile                a torch.profiler trace of step 2 in RUN_DIR/profile
   rlft train resume=runs/DIR          continue a run from its last checkpoint
   rlft train -m seed=0,1,2            a Hydra multirun sweep
   rlft compare DIR [DIR...] [-o PNG]  plot and tabulate runs (a sweep directory or run directories)
@@ -55,6 +56,8 @@ def train_command(overrides: list[str]) -> int:
 
     register_schemas()
     quiet_transformers()
+    if "--profile" in overrides:  # sugar for the config key: step 1 includes one-time warm-up
+        overrides = [o for o in overrides if o != "--profile"] + ["trainer.profile_steps=[2]"]
     resume = next((o.split("=", 1)[1] for o in overrides if o.startswith("resume=")), None)
     if resume:  # a resumed run continues in its own directory
         if not (Path(resume) / "config.yaml").is_file():

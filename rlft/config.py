@@ -187,6 +187,7 @@ class TrainerConfig:
     save_every: int = 20                   # steps between checkpoints (also at the end)
     keep_checkpoints: int = 2
     exit_after_step: Optional[int] = None  # stop this invocation early (the schedule keeps `steps`); resume later
+    profile_steps: list[int] = field(default_factory=list)  # torch.profiler traces of these steps (run_dir/profile)
 
 
 @dataclass

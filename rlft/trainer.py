@@ -29,6 +29,7 @@ from rlft.learner.learner import TrainBatch
 from rlft.learner.worker import LearnerWorker
 from rlft.models.loading import load_tokenizer, resolve_model_path
 from rlft.monitor import Monitor, read_metrics, truncate_metrics
+from rlft.profiling import StepProfiler
 from rlft.wandb_sink import WandbSink
 from rlft.rewards.scorer import RewardScorer
 from rlft.rollout import build_engine
@@ -122,8 +123,10 @@ def _run(cfg: RunConfig, run_dir: Path, learner, engine: RolloutEngine, tokenize
         return stopping
 
     step = start_step
+    profiler = StepProfiler(run_dir, trainer_cfg.profile_steps)
     try:
         for step in range(start_step + 1, trainer_cfg.steps + 1):
+            profiler.start(step)
             step_start = time.perf_counter()
             learner.set_lr(lr_at(step, cfg.optim.lr, cfg.optim.warmup_steps))
 
@@ -202,6 +205,7 @@ def _run(cfg: RunConfig, run_dir: Path, learner, engine: RolloutEngine, tokenize
             monitor.log(row)
             if evaluate_and_checkpoint(step):
                 break
+        profiler.stop()
     except KeyboardInterrupt:
         monitor.close()
         raise SystemExit(f"\ninterrupted during step {step}; {_resume_hint(run_dir, saved[-1])}") from None

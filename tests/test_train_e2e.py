@@ -34,7 +34,9 @@ def test_a_tiny_run_writes_metrics_checkpoints_and_a_loadable_final_model(rlft, 
     assert [r["step"] for r in train_rows] == [1, 2, 3, 4]
     assert [r["step"] for r in eval_rows] == [0, 2, 4]
     for key in ("train/loss", "train/kl_ref", "train/clip_frac", "train/reward_mean", "rollout/response_len_mean",
-                "rollout/logprob_diff_mean", "sync/seconds", "sync/bytes", "perf/peak_rss_mb"):
+                "rollout/logprob_diff_mean", "sync/seconds", "sync/bytes", "perf/peak_rss_mb", "perf/generate_seconds",
+                "perf/reward_seconds", "perf/ref_seconds", "perf/forward_seconds", "perf/backward_seconds",
+                "perf/optimizer_seconds"):
         assert key in train_rows[0], key
     assert train_rows[0]["rollout/logprob_diff_mean"] < 1e-4  # engine and learner agree on the same weights
     assert (run / "checkpoints" / "latest").read_text() == "step_000004"
@@ -136,3 +138,14 @@ def test_routing_replay_on_the_moe_model_leaves_no_drift(rlft, tmp_path, source)
     assert any(used > 0 for used, _ in drift["false"])
     assert all(used == router for used, router in drift["false"])
     assert all(used == 0.0 for used, _ in drift["true"]) and any(router > 0 for _, router in drift["true"])
+
+
+def test_profile_writes_a_trace_of_step_two_and_the_time_split_adds_up(rlft, tmp_path):
+    run = tmp_path / "run"
+    rlft("train", "--profile", f"hydra.run.dir={run}", *TINY_RUN, "trainer.steps=2", "trainer.eval_every=2")
+    assert sorted(p.name for p in (run / "profile").iterdir()) == ["step_000002.json", "step_000002.txt"]
+    assert json.loads((run / "profile" / "step_000002.json").read_text())["traceEvents"]
+    assert "aten::" in (run / "profile" / "step_000002.txt").read_text()
+    for row in (r for r in read_metrics(run) if r.get("kind") != "eval"):
+        parts = row["perf/forward_seconds"] + row["perf/backward_seconds"] + row["perf/optimizer_seconds"]
+        assert 0 < parts <= row["perf/train_seconds"] < row["perf/step_seconds"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,6 +95,8 @@ class Learner:
         routing = self.routing.counts() if self.routing is not None else None
         totals = _StepMetrics()
         grad_norms, entropy_sum = [], 0.0
+        seconds = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
+        clock = _clock(self.model)
         # FSDP gathers weights in every forward: each rank must run as many passes as the largest share
         passes = -(-share // micro_batch_size) if self.fsdp else -(-len(mine) // micro_batch_size)
         for epoch in range(ppo_epochs):
@@ -106,6 +109,7 @@ class Learner:
                     self._empty_pass(batch, temperature)
                     continue
                 first_epoch = epoch == 0
+                started = clock()
                 if self.routing is not None:
                     self._begin_routing(index, rows, token_mask, batch.routes, first_epoch)
                 out = response_logprobs(self.model, batch.prompt_ids[rows], batch.prompt_mask[rows],
@@ -124,17 +128,23 @@ class Learner:
                     if self.router_aux_loss_coef:  # a token-weighted mean over the step's passes
                         token_share = token_mask[rows].sum() / token_mask.sum()
                         loss = loss + self.router_aux_loss_coef * balance * token_share
+                forward_done = clock()
                 # under FSDP the reduce-scatter averages: scaled so that it sums, as _sum_gradients does
                 (loss * self.world if self.fsdp else loss).backward()
+                backward_done = clock()
+                seconds["forward"] += forward_done - started
+                seconds["backward"] += backward_done - forward_done
                 if first_epoch:
                     entropy_sum += float((out[1] * batch.loss_mask[rows]).sum())
                 totals.add(metrics | {"loss": loss.item()}, tokens=float(batch.loss_mask[rows].sum()))
+            started = clock()
             if self.group is not None and not self.fsdp:
                 self._sum_gradients()
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
             grad_norms.append(float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm))
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
+            seconds["optimizer"] += clock() - started
         mask = batch.response_mask[mine.start:mine.stop].bool()
         diff = (old_logp - batch.rollout_logprobs)[mine.start:mine.stop].abs()[mask]
         diff_sum, diff_count = float(diff.sum()), float(diff.numel())
@@ -149,6 +159,9 @@ class Learner:
         out["tokens"] = num_tokens
         out["logprob_diff_mean"] = diff_sum / diff_count if diff_count else 0.0
         out["logprob_diff_max"] = diff_max
+        # this rank's time: forward (log-probs and loss; the first epoch's are the old log-probs too),
+        # backward, optimizer (gradient reduction, clipping, AdamW)
+        out |= {f"perf/{phase}_seconds": value for phase, value in seconds.items()}
         if self.routing is not None:
             self.routing.clear()
             flat = routing.as_tensor()
@@ -227,6 +240,17 @@ class Learner:
         dist.all_reduce(flat, group=self.group)
         for p, g in zip(self.params, flat.split([p.numel() for p in self.params])):
             p.grad.copy_(g.view_as(p))
+
+
+def _clock(model):
+    """perf_counter, after the GPU's queued work when the model is on one (else the split would lie)."""
+    on_gpu = next(model.parameters()).device.type == "cuda"
+
+    def now() -> float:
+        if on_gpu:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+    return now
 
 
 def rank_rows(rows: int, rank: int, world: int) -> range:
