@@ -64,6 +64,8 @@ def test_two_ranks_train_like_one(tmp_path, fsdp, model):
         for ours, theirs in zip(metrics, one_metrics):
             assert ours.keys() == theirs.keys()
             for key in theirs:
+                if key.startswith("perf/"):  # wall-clock seconds: differ between any two runs
+                    continue
                 assert abs(ours[key] - theirs[key]) <= 10 * tolerance * max(1.0, abs(theirs[key])), (rank, key)
     changed = load_file(f"{out}.0")
     start = dict(load_causal_lm(path, "float32", "cpu").named_parameters())
