@@ -64,6 +64,7 @@ class AlgoConfig:
     tis_cap: Optional[float] = None        # truncated importance sampling cap C; null = off
     ppo_epochs: int = 1                    # optimizer steps per batch of rollouts
     micro_batch_size: Optional[int] = None  # responses per forward/backward; null = the whole batch
+    share_prompt_prefix: bool = True       # learner: one pass per distinct prompt, shared by its group
 
 
 @dataclass

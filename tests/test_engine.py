@@ -84,3 +84,14 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
     probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
     assert torch.allclose(_top_p_filter(probs, 0.7), torch.tensor([[0.5, 0.3, 0.0, 0.0]]))
     assert torch.allclose(_top_p_filter(probs, 0.5), torch.tensor([[0.5, 0.0, 0.0, 0.0]]))
+
+
+def test_a_group_shares_one_prompt_prefill_and_samples_as_if_each_had_its_own(parts):
+    path, tokenizer, prompts = parts
+    engine = HFEngine(load_causal_lm(path, "float32", "cpu").double(), tokenizer.pad_token_id,
+                      [tokenizer.eos_token_id], seed=0)
+    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=6)
+    shared = engine.generate(prompts, SamplingParams(n=3, temperature=0.0, max_new_tokens=6))  # 4 prefills
+    alone = engine.generate([p for p in prompts for _ in range(3)], greedy)                  # 12 prefills
+    assert torch.equal(shared.response_ids, alone.response_ids)
+    assert torch.equal(shared.logprobs, alone.logprobs)  # float64: the same function, exactly

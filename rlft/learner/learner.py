@@ -43,6 +43,9 @@ class Learner:
     `fsdp`: shard parameters, gradients and optimizer state over the group (FSDP2 `fully_shard`, one unit
     per decoder layer); gradients are then reduce-scattered by FSDP itself, summed as above.
 
+    `share_prompts` (algo.share_prompt_prefix): each pass computes every distinct prompt once, and the
+    responses of its group attend to its keys and values (rlft.learner.logprobs.prompt_shared_logits).
+
     Mixture-of-experts policies (rlft.learner.routing): every pass's routing is measured; `routing_replay`
     makes the training passes use the experts of the old-policy pass (or of the rollout engine, when the
     batch carries its routes); `router_aux_loss_coef` adds the load-balancing loss.
@@ -50,7 +53,7 @@ class Learner:
 
     def __init__(self, model: PreTrainedModel, lr: float, weight_decay: float, betas: tuple[float, float],
                  eps: float, max_grad_norm: float, group: dist.ProcessGroup | None = None, fsdp: bool = False,
-                 routing_replay: bool = False, router_aux_loss_coef: float = 0.0):
+                 routing_replay: bool = False, router_aux_loss_coef: float = 0.0, share_prompts: bool = False):
         if fsdp and group is None:
             raise ValueError("fsdp needs a group of learner ranks")
         self.model = model
@@ -59,6 +62,7 @@ class Learner:
             raise ValueError("routing replay needs a mixture-of-experts model; this one has no MoE routers")
         self.routing_replay = routing_replay
         self.router_aux_loss_coef = router_aux_loss_coef
+        self.share_prompts = share_prompts and shares_prompts_safely(model, self.routing)
         self.group = group
         self.fsdp = fsdp
         self.rank, self.world = (dist.get_rank(group), dist.get_world_size(group)) if group else (0, 1)
@@ -114,7 +118,7 @@ class Learner:
                     self._begin_routing(index, rows, token_mask, batch.routes, first_epoch)
                 out = response_logprobs(self.model, batch.prompt_ids[rows], batch.prompt_mask[rows],
                                         batch.response_ids[rows], batch.response_mask[rows], temperature,
-                                        with_entropy=first_epoch)
+                                        with_entropy=first_epoch, share_prompts=self.share_prompts)
                 logp = out[0] if first_epoch else out
                 if first_epoch:
                     old_logp[rows] = logp.detach()
@@ -251,6 +255,13 @@ def _clock(model):
             torch.cuda.synchronize()
         return time.perf_counter()
     return now
+
+
+def shares_prompts_safely(model: PreTrainedModel, routing) -> bool:
+    """Whether the prompt-shared pass computes the same function here: not with gradient checkpointing
+    (transformers turns the cache off under it), nor with the MoE router hooks (they count every row's
+    prompt tokens, and replay routes by row)."""
+    return routing is None and not getattr(model, "is_gradient_checkpointing", False)
 
 
 def rank_rows(rows: int, rank: int, world: int) -> range:

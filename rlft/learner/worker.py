@@ -42,7 +42,8 @@ class LearnerWorker:
         self.learner = Learner(policy, lr=o.lr, weight_decay=o.weight_decay,
                                betas=tuple(o.betas), eps=o.eps, max_grad_norm=o.max_grad_norm, group=group,
                                fsdp=cfg.hardware.fsdp, routing_replay=cfg.algo.routing_replay,
-                               router_aux_loss_coef=cfg.algo.router_aux_loss_coef)
+                               router_aux_loss_coef=cfg.algo.router_aux_loss_coef,
+                               share_prompts=cfg.algo.share_prompt_prefix)
         self.rank = self.learner.rank
         self.reference = None
         if cfg.algo.kl_coef > 0:  # beta = 0 loads no reference model at all
@@ -62,7 +63,8 @@ class LearnerWorker:
             return None
         rows = slice(None) if rows is None else slice(rows.start, rows.stop)
         return response_logprobs(self.reference, rollout.prompt_ids[rows], rollout.prompt_mask[rows],
-                                 rollout.response_ids[rows], rollout.response_mask[rows], temperature).cpu()
+                                 rollout.response_ids[rows], rollout.response_mask[rows], temperature,
+                                 share_prompts=self.learner.share_prompts).cpu()
 
     def push_weights(self, engine: RolloutEngine) -> SyncStats:
         """To an engine in this process."""

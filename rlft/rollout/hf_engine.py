@@ -47,13 +47,12 @@ class HFEngine:
         cache = DynamicCache()
         if self.routes is not None:
             self.routes.start()
-        out = self.model(input_ids=prompt_ids.to(device), attention_mask=mask, position_ids=positions,
-                         past_key_values=cache, use_cache=True)
+        logits = self._prefill(requests, prompt_ids, mask, positions, cache)
         tokens, logprobs = [], []
         finished = torch.zeros(batch, dtype=torch.bool)
         eos_ids = self.eos_ids
         for _ in range(params.max_new_tokens):
-            logits = out.logits[:, -1].float().cpu()                           # [B, V]
+            logits = logits.float().cpu()                                      # [B, V]
             token, token_logprob = self._sample(logits, params)
             token = torch.where(finished, torch.full_like(token, self.pad_id), token)
             tokens.append(token)
@@ -63,8 +62,8 @@ class HFEngine:
                 break
             mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=device)], dim=1)
             positions = positions[:, -1:] + 1
-            out = self.model(input_ids=token[:, None].to(device), attention_mask=mask,
-                             position_ids=positions, past_key_values=cache, use_cache=True)
+            logits = self.model(input_ids=token[:, None].to(device), attention_mask=mask,
+                                position_ids=positions, past_key_values=cache, use_cache=True).logits[:, -1]
         response_ids = torch.stack(tokens, dim=1)                              # [B, R]
         # A token is part of the response up to and including the first EOS.
         is_eos = torch.isin(response_ids, eos_ids).long()
@@ -78,6 +77,26 @@ class HFEngine:
         return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
                        response_mask=response_mask, logprobs=torch.stack(logprobs, dim=1) * response_mask,
                        truncated=~finished, routes=routes)
+
+    def _prefill(self, requests: list[list[int]], prompt_ids: torch.Tensor, mask: torch.Tensor,
+                 positions: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+        """Fill the cache with the prompts; the [B, V] logits of each request's first token. Each distinct
+        prompt is computed once and its keys/values copied to the n requests of its group (not with MoE
+        route recording, which counts every request's prompt tokens)."""
+        device = self.model.device
+        distinct = list(dict.fromkeys(map(tuple, requests)))
+        if self.routes is not None or len(distinct) == len(requests):
+            return self.model(input_ids=prompt_ids.to(device), attention_mask=mask, position_ids=positions,
+                              past_key_values=cache, use_cache=True).logits[:, -1]
+        index = {prompt: i for i, prompt in enumerate(distinct)}
+        row_prompt = torch.tensor([index[tuple(r)] for r in requests], device=device)
+        distinct_ids, distinct_mask = left_pad([list(p) for p in distinct], self.pad_id)
+        distinct_mask = distinct_mask.to(device)
+        logits = self.model(input_ids=distinct_ids.to(device), attention_mask=distinct_mask,
+                            position_ids=(distinct_mask.cumsum(-1) - 1).clamp(min=0), past_key_values=cache,
+                            use_cache=True).logits[:, -1]
+        cache.batch_select_indices(row_prompt)
+        return logits[row_prompt]
 
     def _sample(self, logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
         if params.temperature == 0:
