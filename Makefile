@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup setup-vllm train test test-all test-smollm2 build-model build-moe-model smollm2 clean
+.PHONY: setup setup-vllm train test test-all test-smollm2 bench build-model build-moe-model smollm2 clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ test-all: setup          ## everything, slow end-to-end runs included (what CI r
 
 test-smollm2: smollm2    ## the opt-in end-to-end test on SmolLM2-135M (a few minutes)
 	RLFT_TEST_SMOLLM2=1 $(BIN)/pytest -q -m slow tests/test_smollm2.py
+
+bench: setup             ## rlft vs TRL's GRPOTrainer on the same work (docs/bench_vs_trl.md; ~15 min)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[bench]'
+	$(BIN)/python scripts/bench_vs_trl.py $(ARGS)
 
 build-model: setup       ## rebuild rlft/models/tiny_adder (deterministic, ~10 min on 2 cores)
 	$(BIN)/python scripts/build_tiny_model.py
