@@ -3,11 +3,15 @@
 With DAPO's dynamic sampling, groups whose task rewards are all equal (all right or all wrong: no
 gradient) are dropped and more prompts are sampled, until the batch holds `prompts_per_step` groups or
 `max_sampling_rounds` rounds have run; the batch then holds what was kept.
+
+With rollout.async_steps=1, `CollectAhead` runs the next step's collection in a background thread while
+the learner updates on this step's batch, with the weights the engine holds then (one version behind).
 """
 
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -43,6 +47,7 @@ class ScoredGroups:
     rounds: int = 1
     dropped_groups: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
+    weights_version: int = 0    # learner updates in the weights that generated the batch
 
     @property
     def num_groups(self) -> int:
@@ -93,3 +98,39 @@ def collect_groups(sampler: PromptSampler, engine: RolloutEngine, encode: Callab
                         reward_parts={k: torch.cat([part.reward_parts[k] for part in kept])[:n]
                                       for k in kept[0].reward_parts},
                         reward_errors=errors, rounds=rounds, dropped_groups=dropped, seconds=seconds)
+
+
+class CollectAhead:
+    """One collection at a time in a background thread: `start` it before the policy update, `wait` for it
+    before the engine's weights change, `take` its groups in the next step. Exceptions surface in `take`
+    and `wait`, in the trainer's thread."""
+
+    def __init__(self, collect: Callable[[], ScoredGroups]):
+        self._collect = collect
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlft-collect-ahead")
+        self._pending: tuple[Future, int] | None = None
+
+    @property
+    def pending(self) -> bool:
+        return self._pending is not None
+
+    def start(self, weights_version: int) -> None:
+        assert self._pending is None, "one collection ahead at most"
+        self._pending = (self._pool.submit(self._collect), weights_version)
+
+    def wait(self) -> float:
+        """Block until the pending collection is done (the engine is idle after); the seconds waited."""
+        t = time.perf_counter()
+        if self._pending is not None:
+            self._pending[0].exception()  # waits; an error is raised by take()
+        return time.perf_counter() - t
+
+    def take(self) -> ScoredGroups:
+        future, version = self._pending
+        self._pending = None
+        scored = future.result()
+        scored.weights_version = version
+        return scored
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)

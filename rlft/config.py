@@ -134,6 +134,8 @@ class RolloutConfig:
     top_p: float = 1.0
     max_new_tokens: int = 8                # L_max, the longest response
     max_batch_size: int = 1024             # hf: sequences generated at once
+    async_steps: int = 0                   # 1: collect the next batch during the update, one weights version
+                                           # behind (pair with algo.tis_cap); 0: on-policy
     # vllm only (rollout=vllm):
     gpu_memory_utilization: float = 0.5    # share of GPU memory vLLM may take (weights + KV cache)
     tensor_parallel_size: int = 1
@@ -262,6 +264,11 @@ def validate(cfg: RunConfig) -> None:
     _at_least("rollout.max_new_tokens", r.max_new_tokens, 1)
     _at_least("rollout.tensor_parallel_size", r.tensor_parallel_size, 1)
     _at_least("rollout.sync_bucket_mb", r.sync_bucket_mb, 1)
+    if r.async_steps not in (0, 1):
+        raise ConfigError(f"rollout.async_steps must be 0 (on-policy) or 1 (one step ahead) (got {r.async_steps})")
+    if r.async_steps and r.enable_sleep_mode:
+        raise ConfigError("rollout.async_steps=1 generates while the learner trains, so the engine cannot sleep "
+                          "then: set rollout.enable_sleep_mode=false, or async_steps=0 to share one GPU")
     if not 0 < r.gpu_memory_utilization <= 1:
         raise ConfigError(f"rollout.gpu_memory_utilization must be in (0, 1] (got {r.gpu_memory_utilization})")
     if r.engine != "vllm" and (r.enable_sleep_mode or not r.in_process or r.tensor_parallel_size > 1):

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from rlft.algos.advantages import group_advantages
 from rlft.algos.losses import kl_penalty
-from rlft.collect import Overlong, collect_groups
+from rlft.collect import CollectAhead, Overlong, ScoredGroups, collect_groups
 from rlft.checkpoint import TrainerState, latest_checkpoint
 from rlft.config import RunConfig, validate
 from rlft.data import load_task
@@ -110,17 +110,31 @@ def _run(cfg: RunConfig, run_dir: Path, learner, engine: RolloutEngine, tokenize
 
     saved = [start_step]  # steps checkpointed by this invocation, newest last
 
+    def collect() -> ScoredGroups:
+        return collect_groups(
+            sampler, engine, encode, decode, scorer.score, sampling, tokenizer.pad_token_id,
+            prompts_per_step=trainer_cfg.prompts_per_step, dynamic_sampling=algo.dynamic_sampling,
+            max_sampling_rounds=algo.max_sampling_rounds, overlong=overlong)
+
+    # Learner updates in the learner's weights and in the engine's (they differ while a batch is collected ahead).
+    learner_version = engine_version = start_step
+    ahead = CollectAhead(collect) if rollout_cfg.async_steps else None
+
+    def checkpoint_due(step: int) -> bool:
+        return step % trainer_cfg.save_every == 0 or step in (trainer_cfg.steps, trainer_cfg.exit_after_step)
+
     def evaluate_and_checkpoint(step: int) -> bool:
         """The end of every step: held-out eval and checkpoint when due. True when this invocation stops."""
         if step % trainer_cfg.eval_every == 0 or step == trainer_cfg.steps:
+            if ahead is not None:
+                ahead.wait()  # the engine may still be collecting the next batch
             monitor.log(evaluate(engine, tokenizer, encode, held_out, rollout_cfg.max_new_tokens, scorer, step))
-        stopping = step == trainer_cfg.exit_after_step
-        if step % trainer_cfg.save_every == 0 or step == trainer_cfg.steps or stopping:
+        if checkpoint_due(step):
             state = TrainerState(step=step, sampler_position=sampler.position,
                                  rollout_rng=engine.rng_state(), torch_rng=torch.get_rng_state())
             learner.save_checkpoint(run_dir, state, trainer_cfg.keep_checkpoints)
             saved.append(step)
-        return stopping
+        return step == trainer_cfg.exit_after_step
 
     step = start_step
     profiler = StepProfiler(run_dir, trainer_cfg.profile_steps)
@@ -132,15 +146,22 @@ def _run(cfg: RunConfig, run_dir: Path, learner, engine: RolloutEngine, tokenize
 
             # ---- 1-3. Sample prompts, generate a group of responses each, score them
             #           (with dynamic sampling: only groups with mixed rewards, sampling again to fill).
-            scored = collect_groups(
-                sampler, engine, encode, decode, scorer.score, sampling, tokenizer.pad_token_id,
-                prompts_per_step=trainer_cfg.prompts_per_step, dynamic_sampling=algo.dynamic_sampling,
-                max_sampling_rounds=algo.max_sampling_rounds, overlong=overlong)
+            #           async_steps=1: this batch was collected during the last update, and the next one
+            #           is collected during this update, both one version behind the learner. Not across a
+            #           checkpoint, so that resume starts from the same state as the run went on with.
+            if ahead is not None and ahead.pending:
+                scored = ahead.take()
+            else:
+                scored = collect()
+                scored.weights_version = engine_version
+            if ahead is not None and not checkpoint_due(step):
+                ahead.start(engine_version)
             rollout, rewards = scored.rollout, scored.rewards
             if rollout_cfg.enable_sleep_mode:  # colocated: give the GPU memory to the learner until the sync
                 engine.sleep()
             row = {"step": step, "rollout/sampling_rounds": scored.rounds,
                    "rollout/dropped_groups": scored.dropped_groups, "rollout/groups": scored.num_groups,
+                   "rollout/staleness": learner_version - scored.weights_version,
                    "perf/generate_seconds": scored.seconds["generate"],
                    "perf/reward_seconds": scored.seconds["reward"]}
             if scored.num_groups == 0:  # every group was all-equal: nothing to learn from this step
@@ -175,9 +196,12 @@ def _run(cfg: RunConfig, run_dir: Path, learner, engine: RolloutEngine, tokenize
                 temperature=rollout_cfg.temperature, max_response_len=rollout_cfg.max_new_tokens,
                 loss_settings=loss_settings(algo, step))
             train_seconds = time.perf_counter() - t
+            learner_version += 1
 
-            # ---- 7. Push the new weights to the rollout engine.
+            # ---- 7. Push the new weights to the rollout engine (once it has collected the next batch).
+            collect_wait_seconds = ahead.wait() if ahead is not None else 0.0
             sync = learner.push_weights(engine)
+            engine_version = learner_version
 
             # ---- 8. Log, evaluate, checkpoint.
             lengths = rollout.response_lengths.float()
@@ -197,6 +221,7 @@ def _run(cfg: RunConfig, run_dir: Path, learner, engine: RolloutEngine, tokenize
                    "rollout/tokens": int(rollout.response_mask.sum()),
                    "sync/seconds": sync.seconds, "sync/bytes": sync.bytes,
                    "perf/ref_seconds": ref_seconds, "perf/train_seconds": train_seconds,
+                   "perf/collect_wait_seconds": collect_wait_seconds,  # async_steps: the next batch's lag
                    # old log-probs come from the first epoch's forward passes: no time of their own
                    "perf/generate_tokens_per_s": lengths.sum().item() / max(scored.seconds["generate"], 1e-9),
                    "perf/train_tokens_per_s": train_metrics["tokens"] / max(train_seconds, 1e-9),
@@ -212,6 +237,9 @@ def _run(cfg: RunConfig, run_dir: Path, learner, engine: RolloutEngine, tokenize
     except (RewardError, WorkerDied) as err:
         monitor.close()
         raise type(err)(f"{err} [step {step}; {_resume_hint(run_dir, saved[-1])}]") from err
+    finally:
+        if ahead is not None:
+            ahead.close()
 
     if step == trainer_cfg.steps:
         learner.save_model(run_dir / "final_model")

@@ -56,6 +56,9 @@ ERRORS = [
     (["resume=/no/such/run"], "resume='/no/such/run': no config.yaml there"),
     (["rollout.enable_sleep_mode=true"], "rollout.enable_sleep_mode, rollout.in_process=false and "
                                          "rollout.tensor_parallel_size need rollout=vllm"),
+    (["rollout.async_steps=2"], "rollout.async_steps must be 0 (on-policy) or 1 (one step ahead) (got 2)"),
+    (["rollout=vllm", "rollout.enable_sleep_mode=true", "rollout.async_steps=1"],
+     "rollout.async_steps=1 generates while the learner trains, so the engine cannot sleep"),
     (["rollout.weight_sync=nccl"], "rollout.weight_sync='nccl' is not one of: rpc, broadcast"),
     (["rollout.weight_sync=broadcast"], "rollout.weight_sync=broadcast needs rollout=vllm with "
                                         "rollout.in_process=false"),

@@ -1,6 +1,7 @@
 """`rlft train` end to end on a tiny budget: what a run writes, and that resume continues exactly."""
 
 import json
+import textwrap
 
 import pytest
 import torch
@@ -39,6 +40,7 @@ def test_a_tiny_run_writes_metrics_checkpoints_and_a_loadable_final_model(rlft, 
                 "perf/optimizer_seconds"):
         assert key in train_rows[0], key
     assert train_rows[0]["rollout/logprob_diff_mean"] < 1e-4  # engine and learner agree on the same weights
+    assert all(r["rollout/staleness"] == 0 for r in train_rows)  # on-policy unless rollout.async_steps=1
     assert (run / "checkpoints" / "latest").read_text() == "step_000004"
     state = json.loads((run / "checkpoints" / "step_000004" / "trainer_state.json").read_text())
     assert state["step"] == 4 and state["sampler_position"] == 4 * 8
@@ -69,6 +71,49 @@ def test_resume_continues_exactly_where_the_run_stopped(rlft, tmp_path):
     a = load_file(straight / "final_model" / "model.safetensors")
     b = load_file(resumed / "final_model" / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_async_steps_trains_one_version_behind_and_resumes_exactly(rlft, tmp_path):
+    budget = [*TINY_RUN, "trainer.steps=5", "trainer.eval_every=2", "trainer.save_every=3", "rollout.async_steps=1",
+              "algo.tis_cap=2"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    rlft("train", f"hydra.run.dir={straight}", *budget)
+    rows = [r for r in read_metrics(straight) if r.get("kind") != "eval"]
+    # Step 1 has nothing collected ahead; no batch is collected across the checkpoint of step 3.
+    assert [r["rollout/staleness"] for r in rows] == [0, 1, 1, 0, 1]
+    # A batch one version behind came from other weights than the learner's: their log-probs differ by far
+    # more than the round-off between engine and learner on the same weights.
+    fresh = [r["rollout/logprob_diff_mean"] for r in rows if r["rollout/staleness"] == 0]
+    stale = [r["rollout/logprob_diff_mean"] for r in rows if r["rollout/staleness"] == 1]
+    assert max(fresh) < 1e-4 and min(stale) > 10 * max(fresh), (fresh, stale)
+
+    rlft("train", f"hydra.run.dir={resumed}", *budget, "trainer.exit_after_step=3")
+    rlft("train", f"resume={resumed}")
+    assert deterministic(read_metrics(resumed)) == deterministic(read_metrics(straight))
+
+
+def test_a_reward_error_while_collecting_ahead_stops_the_run_with_its_checkpoint(rlft, tmp_path):
+    # Fails from the 147th call on: after the step-0 eval (50) and steps 1-3 (32 each), i.e. on step 4's
+    # batch, which is collected in the background during step 3.
+    (tmp_path / "counted.py").write_text(textwrap.dedent('''
+        import os
+
+        def fails_late(completion):
+            fd = os.open("calls", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            os.write(fd, b"x")
+            os.close(fd)
+            if os.path.getsize("calls") > 146:
+                raise RuntimeError("late failure")
+            return 0.0
+    '''))
+    run = tmp_path / "run"
+    proc = rlft("train", f"hydra.run.dir={run}", *TINY_RUN, "trainer.steps=6", "trainer.save_every=2",
+                "trainer.eval_every=100", "rollout.async_steps=1", "reward.fns=[counted:fails_late]",
+                "reward.accuracy=counted:fails_late", cwd=tmp_path, check=False)
+    assert proc.returncode != 0
+    assert "late failure" in proc.stderr
+    assert f"[step 4; the checkpoint of step 2 is intact: rlft train resume={run}]" in proc.stderr, proc.stderr
+    assert (run / "checkpoints" / "latest").read_text() == "step_000002"
 
 
 def test_resume_refuses_to_switch_config_groups(rlft, tmp_path):
