@@ -80,7 +80,10 @@ class LoraSettings:
 class ModelConfig:
     """The policy to fine-tune: `builtin:NAME`, a local Hugging Face folder, or a hub id."""
     path: str = "builtin:tiny-adder"
-    dtype: str = "float32"                 # float32 | bfloat16 | float16
+    dtype: str = "float32"                 # float32 | bfloat16 | float16: the engines' weights, the passes' math
+    master_dtype: str = "float32"          # the learner's weights and AdamW state; below it, the learner's
+                                           # passes run under autocast in `dtype` (mixed precision). =dtype:
+                                           # pure low precision, where small updates round away
     gguf_file: Optional[str] = None        # a GGUF file in `path` (folder or hub id): dequantised once, cached
     attn_implementation: Optional[str] = None  # the learner's attention: eager | sdpa | flash_attention_2; null: default
     gradient_checkpointing: bool = False   # recompute activations in backward: less memory, ~30% more time
@@ -247,6 +250,9 @@ def validate(cfg: RunConfig) -> None:
     _choice("algo.loss_agg", a.loss_agg, LOSS_AGGS)
     _choice("algo.kl_estimator", a.kl_estimator, KL_ESTIMATORS)
     _choice("model.dtype", cfg.model.dtype, DTYPES)
+    if cfg.model.master_dtype not in ("float32", cfg.model.dtype):
+        raise ConfigError(f"model.master_dtype must be float32 (mixed precision) or model.dtype "
+                          f"({cfg.model.dtype}: pure {cfg.model.dtype}) (got {cfg.model.master_dtype})")
     if cfg.model.lora.r < 0 or (cfg.model.lora.r > 0 and cfg.hardware.fsdp):
         raise ConfigError("model.lora.r must be >= 0, and LoRA with hardware.fsdp is not supported yet "
                           "(the adapters are small: data-parallel ranks without FSDP hold them well)")

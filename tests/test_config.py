@@ -56,6 +56,8 @@ ERRORS = [
     (["resume=/no/such/run"], "resume='/no/such/run': no config.yaml there"),
     (["rollout.enable_sleep_mode=true"], "rollout.enable_sleep_mode, rollout.in_process=false and "
                                          "rollout.tensor_parallel_size need rollout=vllm"),
+    (["model.dtype=bfloat16", "model.master_dtype=float16"],
+     "model.master_dtype must be float32 (mixed precision) or model.dtype (bfloat16: pure bfloat16) (got float16)"),
     (["rollout.async_steps=2"], "rollout.async_steps must be 0 (on-policy) or 1 (one step ahead) (got 2)"),
     (["rollout=vllm", "rollout.enable_sleep_mode=true", "rollout.async_steps=1"],
      "rollout.async_steps=1 generates while the learner trains, so the engine cannot sleep"),

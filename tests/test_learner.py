@@ -61,3 +61,41 @@ def test_a_zero_loss_mask_trains_nothing():
     model.update(batch, ppo_epochs=1, micro_batch_size=16, temperature=1.0, max_response_len=6, loss_settings=SETTINGS)
     start = dict(load_causal_lm(path, "float32", "cpu").named_parameters())
     assert all(torch.equal(p, start[n]) for n, p in model.model.named_parameters())
+
+
+def test_mixed_precision_keeps_float32_weights_so_updates_below_bfloat16_resolution_count():
+    path, batch = batch_and_path()
+    name = "model.layers.0.mlp.up_proj.weight"
+    start = dict(load_causal_lm(path, "float32", "cpu").named_parameters())[name].detach()
+    kwargs = dict(lr=1e-5, weight_decay=0.0, betas=(0.9, 0.999), eps=1e-8, max_grad_norm=1e9)
+    mixed = Learner(load_causal_lm(path, "float32", "cpu"), compute_dtype=torch.bfloat16, **kwargs)
+    pure = Learner(load_causal_lm(path, "bfloat16", "cpu"), **kwargs)
+    update = dict(ppo_epochs=1, micro_batch_size=16, temperature=1.0, max_response_len=6, loss_settings=SETTINGS)
+    m_mixed, m_pure = mixed.update(batch, **update), pure.update(batch, **update)
+
+    def changed(learner):
+        weight = dict(learner.model.named_parameters())[name].detach()
+        return (weight.float() != start.to(weight.dtype).float()).float().mean().item(), weight.dtype
+
+    share_mixed, dtype_mixed = changed(mixed)
+    share_pure, _ = changed(pure)
+    # AdamW's first step moves every weight by ~lr = 1e-5, far below bfloat16's spacing at these magnitudes
+    assert dtype_mixed == torch.float32 and share_mixed > 0.95, share_mixed
+    assert share_pure < 0.2, share_pure
+    # the passes did run in bfloat16: their log-probs differ from the float32 engine's by its rounding
+    assert m_mixed["logprob_diff_mean"] > 1e-4 > learner(path).update(batch, **update)["logprob_diff_mean"]
+
+
+def test_reference_log_probs_in_micro_batches_equal_one_pass():
+    from rlft.config import RunConfig
+    from rlft.learner.worker import LearnerWorker
+    path, batch = batch_and_path()
+
+    def reference(micro_batch_size):
+        cfg = RunConfig()
+        cfg.algo.kl_coef, cfg.algo.micro_batch_size = 0.04, micro_batch_size
+        return LearnerWorker(cfg, path).reference_logprobs(batch, temperature=1.0)
+
+    whole, chunked = reference(None), reference(3)  # 16 rows: passes of 3, 3, 3, 3, 3, 1
+    assert chunked.shape == whole.shape == batch.response_ids.shape
+    assert torch.allclose(chunked, whole, atol=1e-5) and whole.abs().sum() > 0

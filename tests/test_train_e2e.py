@@ -54,6 +54,20 @@ def test_a_tiny_run_writes_metrics_checkpoints_and_a_loadable_final_model(rlft, 
     assert "16 prompts/step" not in proc.stdout and "8 prompts/step x group_size 4 = 32 responses/step" in proc.stdout
 
 
+def test_a_bfloat16_run_trains_float32_master_weights_and_samples_in_bfloat16(rlft, tmp_path):
+    run = tmp_path / "run"
+    rlft("train", f"hydra.run.dir={run}", *TINY_RUN, "model.dtype=bfloat16", "algo.kl_coef=0.04",
+         "trainer.steps=2", "trainer.eval_every=100")
+    weights = load_file(run / "checkpoints" / "step_000002" / "model.safetensors")
+    assert {t.dtype for t in weights.values()} == {torch.float32}
+    rows = [r for r in read_metrics(run) if r.get("kind") != "eval"]
+    # the engines get bfloat16 weights (2 bytes each), and their log-probs differ from the learner's
+    # bfloat16 passes over float32 weights by rounding only
+    assert all(r["sync/bytes"] == 2 * sum(t.numel() for t in weights.values()) for r in rows)
+    assert all(r["rollout/logprob_diff_mean"] < 0.02 for r in rows), [r["rollout/logprob_diff_mean"] for r in rows]
+    assert 0 <= rows[0]["train/kl_ref"] < 0.01
+
+
 def test_resume_continues_exactly_where_the_run_stopped(rlft, tmp_path):
     budget = [*TINY_RUN, "trainer.steps=6", "trainer.eval_every=2", "trainer.save_every=10"]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"

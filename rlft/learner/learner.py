@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
@@ -33,6 +34,10 @@ class TrainBatch:
     def size(self) -> int:
         return self.response_ids.shape[0]
 
+    def to(self, device: torch.device) -> TrainBatch:
+        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)
+                                if getattr(self, f.name) is not None})
+
 
 class Learner:
     """`group`: a torch.distributed group of learner ranks (data parallel). Every rank is handed the whole
@@ -53,7 +58,8 @@ class Learner:
 
     def __init__(self, model: PreTrainedModel, lr: float, weight_decay: float, betas: tuple[float, float],
                  eps: float, max_grad_norm: float, group: dist.ProcessGroup | None = None, fsdp: bool = False,
-                 routing_replay: bool = False, router_aux_loss_coef: float = 0.0, share_prompts: bool = False):
+                 routing_replay: bool = False, router_aux_loss_coef: float = 0.0, share_prompts: bool = False,
+                 compute_dtype: torch.dtype | None = None):
         if fsdp and group is None:
             raise ValueError("fsdp needs a group of learner ranks")
         self.model = model
@@ -71,8 +77,9 @@ class Learner:
                 module.p = 0.0
         self.model.train()
         self.param_names = [name for name, p in model.named_parameters() if p.requires_grad]
+        self.compute_dtype = compute_dtype
         if fsdp:
-            _shard(model, group)
+            _shard(model, group, compute_dtype)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=weight_decay, betas=betas, eps=eps)
         self.max_grad_norm = max_grad_norm
@@ -88,6 +95,7 @@ class Learner:
         The old-policy log-probs are those of the first epoch's forward passes: no optimizer step has
         happened yet when they are computed, so they equal a separate old-policy pass and cost nothing.
         """
+        batch = batch.to(next(self.model.parameters()).device)  # the batch comes from the CPU
         num_tokens = int(batch.loss_mask.sum())
         num_sequences = int((batch.loss_mask.sum(-1) > 0).sum())
         if batch.size < self.world:
@@ -116,9 +124,10 @@ class Learner:
                 started = clock()
                 if self.routing is not None:
                     self._begin_routing(index, rows, token_mask, batch.routes, first_epoch)
-                out = response_logprobs(self.model, batch.prompt_ids[rows], batch.prompt_mask[rows],
-                                        batch.response_ids[rows], batch.response_mask[rows], temperature,
-                                        with_entropy=first_epoch, share_prompts=self.share_prompts)
+                with self._precision():
+                    out = response_logprobs(self.model, batch.prompt_ids[rows], batch.prompt_mask[rows],
+                                            batch.response_ids[rows], batch.response_mask[rows], temperature,
+                                            with_entropy=first_epoch, share_prompts=self.share_prompts)
                 logp = out[0] if first_epoch else out
                 if first_epoch:
                     old_logp[rows] = logp.detach()
@@ -191,9 +200,17 @@ class Learner:
     def _empty_pass(self, batch: TrainBatch, temperature: float) -> None:
         if self.routing is not None:
             self.routing.idle()
-        logp = response_logprobs(self.model, batch.prompt_ids[:1], batch.prompt_mask[:1], batch.response_ids[:1],
-                                 batch.response_mask[:1], temperature)
+        with self._precision():
+            logp = response_logprobs(self.model, batch.prompt_ids[:1], batch.prompt_mask[:1],
+                                     batch.response_ids[:1], batch.response_mask[:1], temperature)
         (logp.sum() * 0.0).backward()
+
+    def _precision(self):
+        """Mixed precision: the passes' matrix products in compute_dtype, the weights and their updates in
+        float32 (AdamW steps far below bfloat16's resolution of the weights still count)."""
+        if self.compute_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(next(self.model.parameters()).device.type, dtype=self.compute_dtype)
 
     def full_weights(self) -> dict[str, torch.Tensor]:
         """Trained parameter name -> full tensor (tied weights once). Under FSDP a collective: every rank
@@ -271,17 +288,19 @@ def rank_rows(rows: int, rank: int, world: int) -> range:
     return range(start, start + base + (rank < extra))
 
 
-def _shard(model: PreTrainedModel, group: dist.ProcessGroup) -> None:
+def _shard(model: PreTrainedModel, group: dist.ProcessGroup, compute_dtype: torch.dtype | None = None) -> None:
     """FSDP2: one shard unit per decoder layer, then the rest (embeddings, norm, head) at the root.
     FSDP averages the ranks' gradients; the learner scales its loss by the world size to make that a sum
-    (a divide factor of 1 would need PREMUL_SUM, which gloo lacks)."""
+    (a divide factor of 1 would need PREMUL_SUM, which gloo lacks). Under mixed precision the layers are
+    gathered in compute_dtype (half the bytes) and the gradients reduced in float32."""
     from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     device = next(model.parameters()).device.type
     mesh = DeviceMesh.from_group(group, device)
+    policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32 if compute_dtype else None)
     for layer in getattr(getattr(model, "model", None), "layers", []):
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
 class _StepMetrics:

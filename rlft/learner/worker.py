@@ -19,7 +19,7 @@ from rlft.errors import ConfigError
 from rlft.learner.learner import Learner, TrainBatch
 from rlft.learner.logprobs import response_logprobs
 from rlft.learner.routing import find_routers
-from rlft.models.loading import load_causal_lm
+from rlft.models.loading import DTYPES, load_causal_lm
 from rlft.rollout.base import Rollout, RolloutEngine
 from rlft.sync import SyncStats, push_tensors
 
@@ -28,8 +28,11 @@ class LearnerWorker:
     def __init__(self, cfg: RunConfig, model_path: str, group: dist.ProcessGroup | None = None):
         device, dtype = cfg.hardware.device, cfg.model.dtype
         self.device = device
+        self.engine_dtype = DTYPES[dtype]
         o = cfg.optim
-        policy = load_causal_lm(model_path, dtype, device, cfg.model.attn_implementation)
+        # master_dtype float32 below dtype bfloat16: mixed precision, the passes in `dtype` under autocast
+        policy = load_causal_lm(model_path, cfg.model.master_dtype, device, cfg.model.attn_implementation)
+        compute_dtype = None if cfg.model.master_dtype == dtype else self.engine_dtype
         if cfg.model.gradient_checkpointing:
             policy.config.use_cache = False
             policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -43,10 +46,11 @@ class LearnerWorker:
                                betas=tuple(o.betas), eps=o.eps, max_grad_norm=o.max_grad_norm, group=group,
                                fsdp=cfg.hardware.fsdp, routing_replay=cfg.algo.routing_replay,
                                router_aux_loss_coef=cfg.algo.router_aux_loss_coef,
-                               share_prompts=cfg.algo.share_prompt_prefix)
+                               share_prompts=cfg.algo.share_prompt_prefix, compute_dtype=compute_dtype)
         self.rank = self.learner.rank
+        self.micro_batch_size = cfg.algo.micro_batch_size
         self.reference = None
-        if cfg.algo.kl_coef > 0:  # beta = 0 loads no reference model at all
+        if cfg.algo.kl_coef > 0:  # beta = 0 loads no reference model at all; frozen, so in `dtype` alone
             self.reference = load_causal_lm(model_path, dtype, device, cfg.model.attn_implementation)
             self.reference.eval().requires_grad_(False)
 
@@ -58,13 +62,20 @@ class LearnerWorker:
 
     @torch.no_grad()
     def reference_logprobs(self, rollout: Rollout, temperature: float, rows: range | None = None) -> torch.Tensor | None:
-        """Log-probs of the sampled tokens under the reference model, for `rows` (all by default)."""
+        """Log-probs of the sampled tokens under the reference model, for `rows` (all by default), in
+        passes of algo.micro_batch_size rows like the training passes (the logits of a whole batch at once
+        would be the peak of the step's memory)."""
         if self.reference is None:
             return None
-        rows = slice(None) if rows is None else slice(rows.start, rows.stop)
-        return response_logprobs(self.reference, rollout.prompt_ids[rows], rollout.prompt_mask[rows],
-                                 rollout.response_ids[rows], rollout.response_mask[rows], temperature,
-                                 share_prompts=self.learner.share_prompts).cpu()
+        rows = range(rollout.response_ids.shape[0]) if rows is None else rows
+        chunk = self.micro_batch_size or len(rows) or 1
+        parts = []
+        for start in range(rows.start, rows.stop, chunk):
+            part = slice(start, min(start + chunk, rows.stop))
+            parts.append(response_logprobs(self.reference, rollout.prompt_ids[part], rollout.prompt_mask[part],
+                                           rollout.response_ids[part], rollout.response_mask[part], temperature,
+                                           share_prompts=self.learner.share_prompts).cpu())
+        return torch.cat(parts) if parts else torch.zeros(0, rollout.response_ids.shape[1])
 
     def push_weights(self, engine: RolloutEngine) -> SyncStats:
         """To an engine in this process."""
@@ -72,10 +83,10 @@ class LearnerWorker:
 
     def rollout_weights(self) -> dict[str, torch.Tensor]:
         """What a rollout engine needs: every weight under its Hugging Face name, the LoRA deltas merged in
-        (computed, not merged into the policy, which keeps training on base + adapters)."""
-        if self.lora:
-            return merged_lora_weights(self.learner.model)
-        return self.learner.full_weights()
+        (computed, not merged into the policy, which keeps training on base + adapters), in the engines'
+        dtype (under mixed precision half the bytes of the float32 master weights)."""
+        weights = merged_lora_weights(self.learner.model) if self.lora else self.learner.full_weights()
+        return {name: t.to(self.engine_dtype) if t.is_floating_point() else t for name, t in weights.items()}
 
     def save_checkpoint(self, run_dir: Path, state: TrainerState, keep: int) -> None:
         """Every rank calls it (gathering a sharded state is a collective); rank 0 writes."""

@@ -3,6 +3,7 @@
 The engine holds its own copy of the weights, as a vLLM engine would; the learner pushes new weights
 through `update_weights` after every optimizer step. Sampling is a plain loop (not `model.generate`) so
 that it draws from the engine's own seeded generator, which a checkpoint saves and resume restores.
+Sampling runs where the model is (on a GPU, with a CUDA generator), so no logits travel to the CPU.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ class HFEngine:
                  max_batch_size: int = 1024, return_routes: bool = False):
         self.model = model.eval().requires_grad_(False)
         self.pad_id = pad_id
-        self.eos_ids = torch.tensor(eos_ids, dtype=torch.long)
+        self.eos_ids = torch.tensor(eos_ids, dtype=torch.long, device=model.device)
         self.max_batch_size = max_batch_size
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = torch.Generator(device=model.device).manual_seed(seed)
         self._tensors = dict(model.named_parameters()) | dict(model.named_buffers())
         self.routes = None
         if return_routes:  # MoE: the experts of every prefill and decode step, for routing replay (R3)
@@ -49,10 +50,10 @@ class HFEngine:
             self.routes.start()
         logits = self._prefill(requests, prompt_ids, mask, positions, cache)
         tokens, logprobs = [], []
-        finished = torch.zeros(batch, dtype=torch.bool)
+        finished = torch.zeros(batch, dtype=torch.bool, device=device)
         eos_ids = self.eos_ids
         for _ in range(params.max_new_tokens):
-            logits = logits.float().cpu()                                      # [B, V]
+            logits = logits.float()                                            # [B, V]
             token, token_logprob = self._sample(logits, params)
             token = torch.where(finished, torch.full_like(token, self.pad_id), token)
             tokens.append(token)
@@ -62,11 +63,12 @@ class HFEngine:
                 break
             mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=device)], dim=1)
             positions = positions[:, -1:] + 1
-            logits = self.model(input_ids=token[:, None].to(device), attention_mask=mask,
+            logits = self.model(input_ids=token[:, None], attention_mask=mask,
                                 position_ids=positions, past_key_values=cache, use_cache=True).logits[:, -1]
-        response_ids = torch.stack(tokens, dim=1)                              # [B, R]
+        response_ids = torch.stack(tokens, dim=1).cpu()                        # [B, R]
+        finished = finished.cpu()
         # A token is part of the response up to and including the first EOS.
-        is_eos = torch.isin(response_ids, eos_ids).long()
+        is_eos = torch.isin(response_ids, eos_ids.cpu()).long()
         eos_before = is_eos.cumsum(1) - is_eos
         response_mask = (eos_before == 0).long()
         routes = None
@@ -75,7 +77,7 @@ class HFEngine:
             width = prompt_ids.shape[1]
             routes = place_routes(list(recorded), [width] * batch, width, response_ids.shape[1])
         return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
-                       response_mask=response_mask, logprobs=torch.stack(logprobs, dim=1) * response_mask,
+                       response_mask=response_mask, logprobs=torch.stack(logprobs, dim=1).cpu() * response_mask,
                        truncated=~finished, routes=routes)
 
     def _prefill(self, requests: list[list[int]], prompt_ids: torch.Tensor, mask: torch.Tensor,
