@@ -60,6 +60,8 @@ def test_a_bfloat16_run_trains_float32_master_weights_and_samples_in_bfloat16(rl
          "trainer.steps=2", "trainer.eval_every=100")
     weights = load_file(run / "checkpoints" / "step_000002" / "model.safetensors")
     assert {t.dtype for t in weights.values()} == {torch.float32}
+    final = load_file(run / "final_model" / "model.safetensors")  # the learner's float32, as checkpoints
+    assert {t.dtype for t in final.values()} == {torch.float32}
     rows = [r for r in read_metrics(run) if r.get("kind") != "eval"]
     # the engines get bfloat16 weights (2 bytes each), and their log-probs differ from the learner's
     # bfloat16 passes over float32 weights by rounding only

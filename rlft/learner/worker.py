@@ -85,8 +85,12 @@ class LearnerWorker:
         """What a rollout engine needs: every weight under its Hugging Face name, the LoRA deltas merged in
         (computed, not merged into the policy, which keeps training on base + adapters), in the engines'
         dtype (under mixed precision half the bytes of the float32 master weights)."""
-        weights = merged_lora_weights(self.learner.model) if self.lora else self.learner.full_weights()
-        return {name: t.to(self.engine_dtype) if t.is_floating_point() else t for name, t in weights.items()}
+        return {name: t.to(self.engine_dtype) if t.is_floating_point() else t
+                for name, t in self._hf_weights().items()}
+
+    def _hf_weights(self) -> dict[str, torch.Tensor]:
+        """Every weight under its Hugging Face name, LoRA merged, in the learner's own dtype."""
+        return merged_lora_weights(self.learner.model) if self.lora else self.learner.full_weights()
 
     def save_checkpoint(self, run_dir: Path, state: TrainerState, keep: int) -> None:
         """Every rank calls it (gathering a sharded state is a collective); rank 0 writes."""
@@ -101,11 +105,12 @@ class LearnerWorker:
         return state
 
     def save_model(self, folder: Path) -> None:
-        """The final model as a Hugging Face folder (rank 0 writes)."""
-        weights = self.rollout_weights()
+        """The final model as a Hugging Face folder in the learner's dtype, whatever the placement (rank 0
+        writes)."""
+        weights = self._hf_weights() if self.learner.fsdp or self.lora else None  # FSDP: a collective
         if self.rank == 0:
             model = self.learner.model.get_base_model() if self.lora else self.learner.model
-            model.save_pretrained(folder, state_dict=weights if self.learner.fsdp or self.lora else None)
+            model.save_pretrained(folder, state_dict=weights)
 
     def peak_memory_mb(self) -> float:
         """This process's peak: torch.cuda.max_memory_allocated on GPU, resident set size on CPU."""
