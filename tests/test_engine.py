@@ -67,13 +67,17 @@ def test_update_weights_changes_what_the_engine_generates(parts):
     greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=6)
     before = engine.generate(prompts, greedy)
     learner = load_causal_lm(path, "float32", "cpu")
+    noise = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in learner.parameters():
-            p.add_(torch.randn_like(p) * 0.5)
+            p.add_(torch.randn(p.shape, generator=noise) * 0.5)
     stats = push_weights(learner, engine)
     after = engine.generate(prompts, greedy)
     expected = response_logprobs(learner, after.prompt_ids, after.prompt_mask, after.response_ids, after.response_mask)
-    assert (expected - after.logprobs).abs().max() < 1e-4   # the engine now runs the learner's weights
+    # The engine now runs the learner's weights. The perturbed model has large logits, and the engine's
+    # cached decode sums in another order than the learner's full pass: float error up to ~1e-4 was seen;
+    # an engine still on the old weights is off by more than 1.
+    assert (expected - after.logprobs).abs().max() < 1e-3
     assert not torch.equal(before.logprobs, after.logprobs)
     assert stats.bytes == sum(p.numel() * 4 for p in learner.parameters())
     with pytest.raises(KeyError, match="no weight named"):
