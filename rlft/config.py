@@ -65,6 +65,7 @@ class AlgoConfig:
     ppo_epochs: int = 1                    # optimizer steps per batch of rollouts
     micro_batch_size: Optional[int] = None  # responses per forward/backward; null = the whole batch
     share_prompt_prefix: bool = True       # learner: one pass per distinct prompt, shared by its group
+    padding_free: bool = True              # learner: sequences packed end to end, no compute on padding
 
 
 @dataclass

@@ -6,7 +6,7 @@ from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen
 
 from rlft.algos.losses import policy_loss
 from rlft.learner.learner import Learner, TrainBatch
-from rlft.learner.logprobs import response_logprobs
+from rlft.learner.logprobs import model_packing, response_logprobs
 from rlft.learner.routing import RouterTap, find_routers
 
 SETTINGS = dict(ratio_level="token", eps_low=0.2, eps_high=0.2, clip_ratio_c=None, loss_agg="token_mean",
@@ -118,6 +118,8 @@ def moe_batch(model, rows=8, prompt_len=4, response_len=5):
     prompt_mask, response_mask = torch.ones_like(prompt), torch.ones_like(response)
     prompt_mask[0, :2] = 0
     response_mask[1, 3:] = 0
+    prompt_mask[2::3, :3], response_mask[2::3, 1:] = 0, 0  # rows 2, 5 of 2 tokens: packed, they share rows
+    prompt[prompt_mask == 0], response[response_mask == 0] = 0, 0
     with torch.no_grad():
         logp = response_logprobs(model, prompt, prompt_mask, response, response_mask)
     advantages = torch.linspace(-1, 1, rows)
@@ -130,11 +132,16 @@ def moe_learner(seed=0, **kwargs):
                    max_grad_norm=1e9, **kwargs)
 
 
+PACKED = pytest.mark.parametrize("padding_free", [False, True], ids=["padded", "packed"])
+
+
+@PACKED
 @pytest.mark.parametrize("micro_batch_size", [8, 3])
-def test_learner_reports_drift_without_replay_and_none_with_it(micro_batch_size):
+def test_learner_reports_drift_without_replay_and_none_with_it(micro_batch_size, padding_free):
     runs = {}
     for replay in (False, True):
-        learner = moe_learner(routing_replay=replay)
+        learner = moe_learner(routing_replay=replay, padding_free=padding_free)
+        assert learner.padding_free == padding_free
         batch = moe_batch(learner.model)
         runs[replay] = learner.update(batch, ppo_epochs=3, micro_batch_size=micro_batch_size, temperature=1.0,
                                       max_response_len=5, loss_settings=SETTINGS)
@@ -145,11 +152,15 @@ def test_learner_reports_drift_without_replay_and_none_with_it(micro_batch_size)
     assert sum(on[f"moe/expert_tokens/{e}"] for e in range(8)) == real * 2 * 2  # tokens x layers x top-k
 
 
-def test_the_loss_is_the_dense_formula_on_the_replayed_logprobs():
+@PACKED
+def test_the_loss_is_the_dense_formula_on_the_replayed_logprobs(padding_free):
     """Routes from outside (the rollout engine's, R3): the learner replays them in every pass, and its loss
-    is policy_loss of the log-probs computed under those routes, nothing else."""
-    learner = moe_learner(routing_replay=True)
+    is policy_loss of the log-probs computed under those routes, nothing else. Packed, the learner picks
+    the real tokens' routes out of the padded layout the engine returns."""
+    learner = moe_learner(routing_replay=True, padding_free=padding_free)
     batch = moe_batch(learner.model)
+    if padding_free:  # short sequences share rows
+        assert model_packing(learner.model, batch.prompt_mask, batch.response_mask).rows < batch.size
     layers, tokens_per_row = 2, batch.prompt_ids.shape[1] + batch.response_ids.shape[1]
     routes = torch.stack([torch.randperm(8, generator=torch.Generator().manual_seed(i))[:2]
                           for i in range(batch.size * tokens_per_row * layers)])
@@ -167,6 +178,10 @@ def test_the_loss_is_the_dense_formula_on_the_replayed_logprobs():
     metrics = learner.update(batch, ppo_epochs=1, micro_batch_size=8, temperature=1.0, max_response_len=5,
                              loss_settings=SETTINGS)
     assert metrics["loss"] == pytest.approx(expected.item(), abs=1e-7)
+    # the log-probs themselves (at ratio 1 the loss's value does not depend on them)
+    gap = (logp.detach() - batch.rollout_logprobs).abs()[batch.response_mask.bool()]
+    assert gap.mean() > 1e-3  # the engine's random routes are not the model's own
+    assert metrics["logprob_diff_mean"] == pytest.approx(gap.mean().item(), rel=1e-5)
     assert metrics["moe/routing_drift"] == 0.0 and metrics["moe/router_drift"] > 0.5  # random routes
 
 
@@ -227,9 +242,10 @@ def test_the_hf_engine_returns_the_routes_a_full_forward_pass_picks(max_batch_si
     assert same[scored.bool()].all()
 
 
-def test_replay_under_gradient_checkpointing_gives_the_same_update():
+@PACKED
+def test_replay_under_gradient_checkpointing_gives_the_same_update(padding_free):
     """The backward recompute of a checkpointed layer runs the routers again: it must replay too."""
-    plain, checkpointed = moe_learner(routing_replay=True), moe_learner(routing_replay=True)
+    plain, checkpointed = (moe_learner(routing_replay=True, padding_free=padding_free) for _ in range(2))
     checkpointed.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     batch = moe_batch(plain.model)
     a = plain.update(batch, ppo_epochs=3, micro_batch_size=4, temperature=1.0, max_response_len=5,

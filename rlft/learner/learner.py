@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -12,7 +13,7 @@ import torch.distributed as dist
 from transformers import PreTrainedModel
 
 from rlft.algos.losses import policy_loss
-from rlft.learner.logprobs import response_logprobs
+from rlft.learner.logprobs import model_packing, response_logprobs, supports_packing
 from rlft.learner.routing import RouterTap, find_routers
 
 
@@ -50,6 +51,8 @@ class Learner:
 
     `share_prompts` (algo.share_prompt_prefix): each pass computes every distinct prompt once, and the
     responses of its group attend to its keys and values (rlft.learner.logprobs.prompt_shared_logits).
+    `padding_free` (algo.padding_free): sequences packed end to end, so no compute goes to padding; with
+    both, each pass takes the cheaper (rlft.learner.logprobs.plan_pass).
 
     Mixture-of-experts policies (rlft.learner.routing): every pass's routing is measured; `routing_replay`
     makes the training passes use the experts of the old-policy pass (or of the rollout engine, when the
@@ -59,7 +62,7 @@ class Learner:
     def __init__(self, model: PreTrainedModel, lr: float, weight_decay: float, betas: tuple[float, float],
                  eps: float, max_grad_norm: float, group: dist.ProcessGroup | None = None, fsdp: bool = False,
                  routing_replay: bool = False, router_aux_loss_coef: float = 0.0, share_prompts: bool = False,
-                 compute_dtype: torch.dtype | None = None):
+                 padding_free: bool = False, compute_dtype: torch.dtype | None = None):
         if fsdp and group is None:
             raise ValueError("fsdp needs a group of learner ranks")
         self.model = model
@@ -80,6 +83,10 @@ class Learner:
         self.compute_dtype = compute_dtype
         if fsdp:
             _shard(model, group, compute_dtype)
+        self.padding_free = padding_free and supports_packing(model)
+        if padding_free and not self.padding_free:
+            warnings.warn(f"algo.padding_free: {type(model).__name__} mixes packed sequences in its attention; "
+                          "the learner pads instead", stacklevel=2)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=weight_decay, betas=betas, eps=eps)
         self.max_grad_norm = max_grad_norm
@@ -123,11 +130,12 @@ class Learner:
                 first_epoch = epoch == 0
                 started = clock()
                 if self.routing is not None:
-                    self._begin_routing(index, rows, token_mask, batch.routes, first_epoch)
+                    self._begin_routing(index, rows, token_mask, batch.prompt_ids.shape[1], batch.routes, first_epoch)
                 with self._precision():
                     out = response_logprobs(self.model, batch.prompt_ids[rows], batch.prompt_mask[rows],
                                             batch.response_ids[rows], batch.response_mask[rows], temperature,
-                                            with_entropy=first_epoch, share_prompts=self.share_prompts)
+                                            with_entropy=first_epoch, share_prompts=self.share_prompts,
+                                            padding_free=self.padding_free)
                 logp = out[0] if first_epoch else out
                 if first_epoch:
                     old_logp[rows] = logp.detach()
@@ -183,17 +191,30 @@ class Learner:
             out |= routing.with_tensor(flat).metrics()
         return out
 
-    def _begin_routing(self, index: int, rows: slice, token_mask: torch.Tensor, engine_routes, first_epoch: bool):
-        """The routing of one pass. Old routes are the first epoch's own (the old-policy pass), or the
-        engine's when the batch has them; later epochs, and every pass against the engine's routes, are
-        compared with them, and replay them when routing_replay is on."""
+    def _begin_routing(self, index: int, rows: slice, token_mask: torch.Tensor, width: int, engine_routes,
+                       first_epoch: bool):
+        """The routing of one pass (`width`: the prompt columns of token_mask). Old routes are the first
+        epoch's own (the old-policy pass), or the engine's when the batch has them; later epochs, and every
+        pass against the engine's routes, are compared with them, and replay them when routing_replay is on."""
+        token_mask = token_mask[rows]
+        if engine_routes is not None:
+            engine_routes = engine_routes[rows]
+        # the routers see the tokens as the pass feeds them (with routers, prompts are never shared): padded
+        # rows, or packed ones, and then the engine's routes go where their tokens go
+        packing = model_packing(self.model, token_mask[:, :width], token_mask[:, width:]) if self.padding_free else None
+        if packing is not None:
+            if engine_routes is not None:
+                placed = engine_routes.new_zeros((packing.rows * packing.width, *engine_routes.shape[2:]))
+                placed[packing.tokens.to(placed.device)] = engine_routes[token_mask.bool()]
+                engine_routes = placed.view(packing.rows, packing.width, *engine_routes.shape[2:])
+            token_mask = packing.real.to(token_mask.device)
         if engine_routes is not None:
             if first_epoch:
-                self.routing.set_routes(index, engine_routes[rows])
-            self.routing.begin(index, token_mask[rows], record=False, replay=self.routing_replay, compare=True,
+                self.routing.set_routes(index, engine_routes)
+            self.routing.begin(index, token_mask, record=False, replay=self.routing_replay, compare=True,
                                count_load=first_epoch)
         else:
-            self.routing.begin(index, token_mask[rows], record=first_epoch,
+            self.routing.begin(index, token_mask, record=first_epoch,
                                replay=self.routing_replay and not first_epoch, compare=not first_epoch,
                                count_load=first_epoch)
 

@@ -46,7 +46,8 @@ class LearnerWorker:
                                betas=tuple(o.betas), eps=o.eps, max_grad_norm=o.max_grad_norm, group=group,
                                fsdp=cfg.hardware.fsdp, routing_replay=cfg.algo.routing_replay,
                                router_aux_loss_coef=cfg.algo.router_aux_loss_coef,
-                               share_prompts=cfg.algo.share_prompt_prefix, compute_dtype=compute_dtype)
+                               share_prompts=cfg.algo.share_prompt_prefix, padding_free=cfg.algo.padding_free,
+                               compute_dtype=compute_dtype)
         self.rank = self.learner.rank
         self.micro_batch_size = cfg.algo.micro_batch_size
         self.reference = None
@@ -74,7 +75,8 @@ class LearnerWorker:
             part = slice(start, min(start + chunk, rows.stop))
             parts.append(response_logprobs(self.reference, rollout.prompt_ids[part], rollout.prompt_mask[part],
                                            rollout.response_ids[part], rollout.response_mask[part], temperature,
-                                           share_prompts=self.learner.share_prompts).cpu())
+                                           share_prompts=self.learner.share_prompts,
+                                           padding_free=self.learner.padding_free).cpu())
         return torch.cat(parts) if parts else torch.zeros(0, rollout.response_ids.shape[1])
 
     def push_weights(self, engine: RolloutEngine) -> SyncStats:
