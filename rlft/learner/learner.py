@@ -81,12 +81,13 @@ class Learner:
         self.model.train()
         self.param_names = [name for name, p in model.named_parameters() if p.requires_grad]
         self.compute_dtype = compute_dtype
-        if fsdp:
-            _shard(model, group, compute_dtype)
+        # before sharding: a forward under FSDP2 leaves the root's parameters gathered for the optimizer
         self.padding_free = padding_free and supports_packing(model)
         if padding_free and not self.padding_free:
             warnings.warn(f"algo.padding_free: {type(model).__name__} mixes packed sequences in its attention; "
                           "the learner pads instead", stacklevel=2)
+        if fsdp:
+            _shard(model, group, compute_dtype)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=weight_decay, betas=betas, eps=eps)
         self.max_grad_norm = max_grad_norm
