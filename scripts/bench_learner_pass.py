@@ -10,8 +10,7 @@ default addition task, or of multistep (--task multistep, chat template where th
 x --group-size, so the response lengths are as uneven as they come. With --uneven, the responses are
 random tokens instead, of lengths drawn uniformly from 1 to --max-new-tokens (the time of a pass does
 not depend on which tokens; reasoning runs look like this: some answers stop early, others run to the
-limit). Each mode runs one
-warm-up step, then --repeats timed ones; the median is printed.
+limit). Each mode runs one warm-up step, then --repeats timed ones; the median is printed.
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ from rlft.data.arithmetic import split_problems
 from rlft.data.multistep import multistep_split
 from rlft.data.prompts import PromptEncoder
 from rlft.learner.logprobs import model_packing, response_logprobs
+from rlft.models.gguf import cache_root
 from rlft.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
 from rlft.rollout.base import SamplingParams
 from rlft.rollout.hf_engine import HFEngine
@@ -57,9 +57,8 @@ def main() -> None:
     parser.add_argument("--uneven", action="store_true", help="cut responses to uniform random lengths")
     args = parser.parse_args()
 
-    if args.model == "smollm2_135m":
-        from pathlib import Path
-        args.model = str(Path("~/.cache/rlft/models/smollm2-135m-instruct").expanduser())
+    if args.model == "smollm2_135m":  # where `make smollm2` converts it
+        args.model = str(cache_root() / "models" / "smollm2-135m-instruct")
     path = resolve_model_path(args.model)
     tokenizer = load_tokenizer(path)
     encode = PromptEncoder(tokenizer)

@@ -124,9 +124,15 @@ def test_packed_passes_give_the_same_update_as_padded_ones():
     assert packed["ratio_max"] > 1.0  # epochs 2-3 are off-policy: the log-probs of moved weights count
     for key in ("loss", "ratio_max", "ratio_min", "entropy", "grad_norm"):
         assert abs(packed[key] - padded[key]) <= 1e-5 * max(1.0, abs(padded[key])), key
-    # AdamW turns round-off in near-zero gradients (the keys' bias gets none in exact arithmetic) into
-    # whole steps for a few elements: compare the updates as a whole
+    # The keys' bias gets no gradient in exact arithmetic (softmax ignores a shift shared by every key), so
+    # AdamW turns its round-off into whole steps of either sign: a packed and a padded pass round
+    # differently, and those updates are noise. Every other weight must move the same way.
     start = dict(load_causal_lm(path, "float32", "cpu").named_parameters())
+    compared = 0
     for name, weight in padded_weights.items():
+        if name.endswith("k_proj.bias"):
+            continue
         update, packed_update = weight - start[name], packed_weights[name] - start[name]
         assert (packed_update - update).norm() <= 1e-2 * update.norm(), name
+        compared += 1
+    assert compared == len(padded_weights) - 4  # one key bias per layer

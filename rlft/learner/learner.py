@@ -13,7 +13,7 @@ import torch.distributed as dist
 from transformers import PreTrainedModel
 
 from rlft.algos.losses import policy_loss
-from rlft.learner.logprobs import model_packing, response_logprobs, supports_packing
+from rlft.learner.logprobs import Packing, plan_pass, response_logprobs, supports_packing
 from rlft.learner.routing import RouterTap, find_routers
 
 
@@ -119,6 +119,7 @@ class Learner:
         clock = _clock(self.model)
         # FSDP gathers weights in every forward: each rank must run as many passes as the largest share
         passes = -(-share // micro_batch_size) if self.fsdp else -(-len(mine) // micro_batch_size)
+        plans = {}  # each micro-batch's layout (shared, packed or padded), the same in every epoch
         for epoch in range(ppo_epochs):
             for index in range(passes):
                 start = mine.start + index * micro_batch_size
@@ -130,13 +131,15 @@ class Learner:
                     continue
                 first_epoch = epoch == 0
                 started = clock()
+                if index not in plans:
+                    plans[index] = plan_pass(self.model, batch.prompt_ids[rows], batch.prompt_mask[rows],
+                                             batch.response_mask[rows], self.share_prompts, self.padding_free)
                 if self.routing is not None:
-                    self._begin_routing(index, rows, token_mask, batch.prompt_ids.shape[1], batch.routes, first_epoch)
+                    self._begin_routing(index, rows, token_mask, plans[index][1], batch.routes, first_epoch)
                 with self._precision():
                     out = response_logprobs(self.model, batch.prompt_ids[rows], batch.prompt_mask[rows],
                                             batch.response_ids[rows], batch.response_mask[rows], temperature,
-                                            with_entropy=first_epoch, share_prompts=self.share_prompts,
-                                            padding_free=self.padding_free)
+                                            with_entropy=first_epoch, plan=plans[index])
                 logp = out[0] if first_epoch else out
                 if first_epoch:
                     old_logp[rows] = logp.detach()
@@ -192,17 +195,16 @@ class Learner:
             out |= routing.with_tensor(flat).metrics()
         return out
 
-    def _begin_routing(self, index: int, rows: slice, token_mask: torch.Tensor, width: int, engine_routes,
-                       first_epoch: bool):
-        """The routing of one pass (`width`: the prompt columns of token_mask). Old routes are the first
-        epoch's own (the old-policy pass), or the engine's when the batch has them; later epochs, and every
-        pass against the engine's routes, are compared with them, and replay them when routing_replay is on."""
+    def _begin_routing(self, index: int, rows: slice, token_mask: torch.Tensor, packing: Packing | None,
+                       engine_routes, first_epoch: bool):
+        """The routing of one pass. Old routes are the first epoch's own (the old-policy pass), or the
+        engine's when the batch has them; later epochs, and every pass against the engine's routes, are
+        compared with them, and replay them when routing_replay is on."""
         token_mask = token_mask[rows]
         if engine_routes is not None:
             engine_routes = engine_routes[rows]
         # the routers see the tokens as the pass feeds them (with routers, prompts are never shared): padded
-        # rows, or packed ones, and then the engine's routes go where their tokens go
-        packing = model_packing(self.model, token_mask[:, :width], token_mask[:, width:]) if self.padding_free else None
+        # rows, or the `packing`'s rows, and then the engine's routes go where their tokens go
         if packing is not None:
             if engine_routes is not None:
                 placed = engine_routes.new_zeros((packing.rows * packing.width, *engine_routes.shape[2:]))

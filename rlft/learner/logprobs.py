@@ -10,7 +10,8 @@ from transformers import DynamicCache, PreTrainedModel
 
 def response_logprobs(model: PreTrainedModel, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                       response_ids: torch.Tensor, response_mask: torch.Tensor, temperature: float = 1.0,
-                      with_entropy: bool = False, share_prompts: bool = False, padding_free: bool = False
+                      with_entropy: bool = False, share_prompts: bool = False, padding_free: bool = False,
+                      plan: tuple[bool, Packing | None] | None = None
                       ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """[N, R] log pi(response token | prefix) at the sampling temperature, 0 on padding;
     with `with_entropy`, also the [N, R] entropy of each position's distribution (no gradient).
@@ -20,11 +21,14 @@ def response_logprobs(model: PreTrainedModel, prompt_ids: torch.Tensor, prompt_m
     vocabulary, and the chosen token's log-prob is logit - logsumexp(logits): no full log-softmax tensor
     is kept. `share_prompts`: each distinct prompt goes through the model once, and the responses of its
     group attend to its keys and values (see prompt_shared_logits); `padding_free` packs the sequences
-    end to end into fewer rows, no compute on padding (see pack). With both, plan_pass picks per pass.
+    end to end into fewer rows, no compute on padding (see pack). With both, plan_pass picks per pass;
+    `plan`, a plan_pass result made beforehand, is used instead of those two.
     """
     device = model.device
     mask = response_mask.to(device)
-    shared, packing = plan_pass(model, prompt_ids, prompt_mask, response_mask, share_prompts, padding_free)
+    if plan is None:
+        plan = plan_pass(model, prompt_ids, prompt_mask, response_mask, share_prompts, padding_free)
+    shared, packing = plan
     if shared:
         logits = prompt_shared_logits(model, prompt_ids, prompt_mask, response_ids, response_mask)
     elif packing is not None:
