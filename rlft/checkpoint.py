@@ -12,21 +12,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from rlft.errors import ConfigError
-
-
-@dataclass
-class TrainerState:
-    step: int                      # last completed step
-    sampler_position: int          # problems dealt so far
-    rollout_rng: torch.Tensor      # the engine's sampling generator
-    torch_rng: torch.Tensor
+from rlft.types import TrainerState
 
 
 def save_checkpoint(run_dir: Path, weights: dict[str, torch.Tensor], optimizer_state: dict,

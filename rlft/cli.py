@@ -1,7 +1,7 @@
 """`rlft` command line. `rlft train [overrides...]` is a Hydra app over conf/ (see conf/config.yaml).
 
-Config mistakes (unknown key, wrong type, unknown group option, missing model or data file) end the
-command with one line naming the problem and what is allowed, before any work starts.
+Config mistakes (unknown key, a key of another option, wrong type, unknown group option, missing model or
+data file) end the command with one line naming the problem and what is allowed, before any work starts.
 """
 
 from __future__ import annotations
@@ -10,25 +10,26 @@ import os
 import sys
 from pathlib import Path
 
-USAGE = """usage: rlft train [KEY=VALUE ...] [GROUP=OPTION ...] [-m] [--cfg job]
+from rlft.config.compose import config_dir  # noqa: F401  (where conf/ is: tests and scripts ask here)
+
+USAGE = """usage: rlft train [GROUP=OPTION ...] [KEY=VALUE ...] [RUN CONTROLS] [-m] [--cfg job] [--help [KEY]]
+       rlft compare DIR [DIR ...] [-o PNG]
 
   rlft train                          the default run (GRPO on the built-in addition task)
-  rlft train algo.lr=... trainer.steps=50
+  rlft train algo=dapo model.path=... choose a group's option, set any key
+  rlft train optim.lr=5e-5 trainer.steps=50
   rlft train --cfg job                print the composed config and exit
-  rlft train --profile                a torch.profiler trace of step 2 in RUN_DIR/profile
-  rlft train resume=runs/DIR          continue a run from its last checkpoint
-  rlft train -m seed=0,1,2            a Hydra multirun sweep
+  rlft train --help                   the groups and their options
+  rlft train --help KEY               a key's (or a group's) type, value, allowed values and help
+  rlft train -m seed=0,1,2            a Hydra multirun sweep; a comparison table at the end
   rlft compare DIR [DIR...] [-o PNG]  plot and tabulate runs (a sweep directory or run directories)
+
+run controls (this invocation only, not part of the run's config):
+  resume=RUN_DIR                      continue a run from its last checkpoint, in its directory
+  trainer.exit_after_step=N           stop after step N (the schedule keeps trainer.steps)
+  --profile                           a torch.profiler trace of step 2 in RUN_DIR/profile
+  trainer.profile_steps=[2,5]         traces of these steps
 """
-
-
-def config_dir() -> str:
-    """conf/ inside an installed wheel (rlft/conf), else the checkout's top-level conf/."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "conf", here.parent / "conf"):
-        if (candidate / "config.yaml").is_file():
-            return str(candidate)
-    raise SystemExit(f"rlft: error: cannot find conf/config.yaml next to {here}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,39 +46,76 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
-def train_command(overrides: list[str]) -> int:
+def train_command(args: list[str]) -> int:
+    from rlft.config.describe import describe_config_error
+    from rlft.errors import UserError, WorkerDied
+
+    overrides = args
+    try:
+        controls, overrides = split_controls(args)
+        if "--help" in overrides or "-h" in overrides:
+            return help_command(overrides)
+        from rlft.config.compose import register_schemas
+        register_schemas()
+        quiet_transformers()
+        saved = None
+        if controls.resume is not None:
+            saved, overrides = resumed_overrides(controls.resume, overrides)
+        if multirun(overrides) or any(o.startswith("-") for o in overrides if o not in ("--cfg", "-c")):
+            return run_hydra(overrides, controls)  # a sweep, or Hydra's own flags
+        if cfg_job_requested(overrides):
+            return print_config([o for o in overrides if o not in ("--cfg", "job", "-c")], saved)
+        return run_one(overrides, controls, saved)
+    except (UserError, WorkerDied) as err:
+        return _fail(str(err))
+    except Exception as err:  # only Hydra/OmegaConf config errors are reworded; anything else is a bug
+        message = describe_config_error(err, choices_for(overrides))
+        if message is None:
+            raise
+        return _fail(message)
+
+
+def run_one(overrides: list[str], controls, saved) -> int:
+    """One run, composed here and trained in this process: every check runs before anything is written
+    (a sweep goes through Hydra's launcher instead, run_hydra)."""
+    from rlft.config.compose import compose_job, to_run_config
+    from rlft.trainer import train
+    dcfg, choices, run_dir = compose_job(overrides)
+    if saved is not None:
+        dcfg, choices = with_saved_values(dcfg, choices, saved)
+    train(to_run_config(dcfg, choices), run_dir, controls, choices)
+    return 0
+
+
+def run_hydra(overrides: list[str], controls) -> int:
     import hydra
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
-    from omegaconf import DictConfig, OmegaConf
+    from omegaconf import DictConfig
 
-    from rlft.config import RunConfig, register_schemas
+    from rlft.config.compose import chosen_options, to_run_config
+    from rlft.config.describe import describe_config_error
     from rlft.errors import UserError, WorkerDied
-
-    register_schemas()
-    quiet_transformers()
-    if "--profile" in overrides:  # sugar for the config key: step 1 includes one-time warm-up
-        overrides = [o for o in overrides if o != "--profile"] + ["trainer.profile_steps=[2]"]
-    resume = next((o.split("=", 1)[1] for o in overrides if o.startswith("resume=")), None)
-    if resume:  # a resumed run continues in its own directory
-        if not (Path(resume) / "config.yaml").is_file():
-            return _fail(f"resume='{resume}': no config.yaml there (is it an rlft run directory?)")
-        overrides = overrides + [f"hydra.run.dir={resume}"]
 
     swept = swept_keys(overrides)
 
     @hydra.main(config_path=config_dir(), config_name="config", version_base="1.3")
     def hydra_app(dcfg: DictConfig) -> float | None:
         from rlft.trainer import train
+        hydra_cfg = HydraConfig.get()
+        choices = chosen_options(hydra_cfg.runtime.choices)
         try:
-            if dcfg.resume:
-                dcfg = _resumed_config(dcfg, HydraConfig.get().overrides.task)
-            cfg: RunConfig = OmegaConf.to_object(dcfg)
-            if HydraConfig.get().mode == RunMode.MULTIRUN:
-                label_sweep_run(cfg, HydraConfig.get(), swept)
-            summary = train(cfg, Path(HydraConfig.get().runtime.output_dir))
+            cfg = to_run_config(dcfg, choices)
+            if hydra_cfg.mode == RunMode.MULTIRUN:
+                label_sweep_run(cfg, hydra_cfg, swept)
+            summary = train(cfg, Path(hydra_cfg.runtime.output_dir), controls, choices)
         except (UserError, WorkerDied) as err:
             raise _UserFailure(str(err)) from None  # a BaseException: Hydra lets it through unprinted
+        except Exception as err:
+            message = describe_config_error(err, choices)
+            if message is None:
+                raise
+            raise _UserFailure(message) from None
         return summary.get("accuracy_after")
 
     os.environ["HYDRA_FULL_ERROR"] = "1"  # errors reach us, and we print them as one line
@@ -86,19 +124,154 @@ def train_command(overrides: list[str]) -> int:
         hydra_app()
     except _UserFailure as failure:
         return _fail(str(failure))
-    except Exception as err:  # only Hydra/OmegaConf config errors are reworded; anything else is a bug
-        message = describe_config_error(err)
-        if message is None:
-            raise
-        return _fail(message)
+    return 0  # Hydra's own config errors reach train_command, which words them
+
+
+def split_controls(args: list[str]):
+    """(the run controls, the rest): resume=, trainer.exit_after_step=, trainer.profile_steps=, --profile."""
+    from omegaconf import OmegaConf
+
+    from rlft.errors import ConfigError
+    from rlft.preflight import RunControls
+    resume = exit_after = None
+    profile: tuple[int, ...] = ()
+    rest = []
+    for item in args:
+        key, _, value = item.lstrip("+").partition("=")
+        if item == "--profile":  # step 1 includes one-time warm-up
+            profile = (2,)
+        elif key == "resume" and value:
+            resume = Path(value)
+            if not (resume / "config.yaml").is_file():
+                raise ConfigError(f"resume='{value}': no config.yaml there (is it an rlft run directory?)")
+        elif key == "trainer.exit_after_step" and value:
+            if not value.lstrip("-").isdigit():
+                raise ConfigError(f"trainer.exit_after_step takes one whole step number (got '{value}')")
+            exit_after = int(value)
+        elif key == "trainer.profile_steps" and value:
+            steps = OmegaConf.create({"v": value}).v if value.startswith("[") else None
+            steps = OmegaConf.to_container(steps) if steps is not None else [value]
+            if not all(str(s).isdigit() for s in steps):
+                raise ConfigError(f"trainer.profile_steps takes a list of step numbers, e.g. [2,5] (got '{value}')")
+            profile = tuple(int(s) for s in steps)
+        else:
+            rest.append(item)
+    return RunControls(resume=resume, exit_after_step=exit_after, profile_steps=profile), rest
+
+
+def resumed_overrides(run_dir: Path, overrides: list[str]) -> tuple[dict, list[str]]:
+    """A resumed run keeps its config: it is composed from its own group options alone, and gets its saved
+    values, then this command's key=value overrides, and a new `hardware=` option (a checkpoint resumes on
+    any placement) in with_saved_values; (what that needs, the overrides to compose)."""
+    from omegaconf import OmegaConf
+
+    from rlft.config import GROUPS
+    from rlft.config.compose import saved_options
+    from rlft.errors import ConfigError
+    options = saved_options(run_dir / "config.yaml")
+    if not options:
+        raise ConfigError(f"resume='{run_dir}': its config.yaml does not name the options it was composed from "
+                          "(written by another version of rlft?)")
+    if multirun(overrides):
+        raise ConfigError("resume continues one run: it cannot be swept (-m)")
+    chosen = {item.split("=", 1)[0]: item.split("=", 1)[1] for item in overrides if item.split("=", 1)[0] in GROUPS}
+    for group in chosen:
+        if group != "hardware":
+            raise ConfigError(f"resume: '{group}=...' would change the run's {group}; resume keeps its config "
+                              "groups (hardware= excepted)")
+    hydra = [item for item in overrides if item.startswith("hydra.") or item in ("--cfg", "-c", "job")]
+    saved = {"config": OmegaConf.create((run_dir / "config.yaml").read_text()), "hardware": chosen.get("hardware"),
+             "keys": [item.lstrip("+") for item in overrides if item not in hydra and "=" in item
+                      and item.split("=", 1)[0] not in GROUPS]}
+    return saved, [f"{group}={option}" for group, option in options.items()] + hydra + [f"hydra.run.dir={run_dir}"]
+
+
+def with_saved_values(dcfg, choices: dict[str, str], saved: dict):
+    """The resumed run's config: its saved values, a new hardware option's section when one was chosen
+    (where it runs is not what it computes), this command's key=value overrides on top; and its options."""
+    from omegaconf import OmegaConf, open_dict
+
+    from rlft.config.compose import compose
+    values = saved["config"].copy()
+    if saved["hardware"] is not None:
+        placement, _ = compose([f"hardware={saved['hardware']}"])
+        with open_dict(dcfg), open_dict(values):
+            dcfg.hardware = placement.hardware
+            del values["hardware"]
+        choices = choices | {"hardware": saved["hardware"]}
+    return OmegaConf.merge(dcfg, values, OmegaConf.from_dotlist(saved["keys"])), choices
+
+
+def cfg_job_requested(overrides: list[str]) -> bool:
+    return any(a in ("--cfg", "-c") and b == "job" for a, b in zip(overrides, overrides[1:]))
+
+
+def multirun(overrides: list[str]) -> bool:
+    return "-m" in overrides or "--multirun" in overrides
+
+
+def print_config(overrides: list[str], saved: dict | None) -> int:
+    """`rlft train --cfg job`: the composed config, every key checked, the group options on top."""
+    from omegaconf import OmegaConf
+
+    from rlft.config import validate
+    from rlft.config.compose import compose, options_line, to_run_config
+    dcfg, choices = compose(overrides)
+    if saved is not None:
+        dcfg, choices = with_saved_values(dcfg, choices, saved)
+    validate(to_run_config(dcfg, choices))
+    print(options_line(choices))
+    print(OmegaConf.to_yaml(dcfg), end="")
     return 0
+
+
+def help_command(args: list[str]) -> int:
+    """`rlft train --help [KEY] [overrides]`: the groups, or one key's type, value, choices and help."""
+    from rlft.config import GROUPS
+    from rlft.config.compose import compose
+    from rlft.config.describe import group_options, key_help, options_with_key, unknown_key_message
+    rest = [a for a in args if a not in ("--help", "-h")]
+    key = next((a for a in rest if "=" not in a and not a.startswith("-")), None)
+    overrides = [a for a in rest if a != key]
+    dcfg, choices = compose(overrides)
+    if key is None:
+        print(USAGE)
+        print("groups (rlft train GROUP=OPTION):")
+        for group in GROUPS:
+            print(f"  {group:10} {', '.join(group_options(group))}  (now: {choices.get(group)})")
+        print("\nrlft train --help GROUP lists a group's keys; rlft train --help KEY explains one.")
+        return 0
+    try:
+        print(key_help(key, dcfg, choices))
+        return 0
+    except KeyError:
+        pass
+    group, _, name = key.partition(".")
+    others = options_with_key(group, name) if group in GROUPS and name and "." not in name else []
+    if others:  # a key of another option: show it there
+        dcfg, choices = compose(overrides + [f"{group}={others[0]}"])
+        print(f"({key} is a key of {group}={', '.join(others)})")
+        print(key_help(key, dcfg, choices))
+        return 0
+    return _fail(unknown_key_message(key, choices))
+
+
+def choices_for(overrides: list[str]) -> dict[str, str]:
+    """The group options a command chooses, for an error message (composed from its group overrides)."""
+    from rlft.config import GROUPS
+    from rlft.config.compose import compose
+    groups = [o for o in overrides if o.split("=", 1)[0] in GROUPS]
+    try:
+        return compose(groups)[1]
+    except Exception:
+        return {}
 
 
 def compare_command(args: list[str]) -> int:
     import argparse
 
-    from rlft.compare import compare
     from rlft.errors import UserError
+    from rlft.tooling.compare import compare
 
     parser = argparse.ArgumentParser(prog="rlft compare", description="plot and tabulate rlft runs")
     parser.add_argument("paths", nargs="+", type=Path, help="a multirun directory, or run directories")
@@ -130,39 +303,13 @@ def swept_keys(overrides: list[str]) -> set[str]:
 def label_sweep_run(cfg, hydra_cfg, swept: set[str]) -> None:
     """One W&B group per sweep (its directory's name) and the run's swept values as tags, so the runs of
     `rlft train -m algo=grpo,dapo seed=0,1` group by algo in the W&B UI."""
+    if not cfg.logger.wandb:
+        return
     if cfg.logger.group is None:
         cfg.logger.group = f"sweep-{Path(hydra_cfg.sweep.dir).name}"
     for item in hydra_cfg.overrides.task:
         if item.lstrip("+~").split("=", 1)[0] in swept and item not in cfg.logger.tags:
             cfg.logger.tags.append(item)
-
-
-def _resumed_config(dcfg, task_overrides):
-    """The resumed run's saved config, with this command's key=value overrides on top."""
-    from omegaconf import OmegaConf
-
-    from rlft.config import GROUPS, RunConfig
-    from rlft.errors import ConfigError
-
-    run_dir = Path(dcfg.resume)
-    saved = run_dir / "config.yaml"
-    dotlist, new_hardware = [], False
-    for item in task_overrides:
-        key = item.lstrip("+").split("=", 1)[0]
-        if key == "hardware":  # where it runs is not what it computes: a checkpoint resumes on any placement
-            new_hardware = True
-        elif key in GROUPS:
-            raise ConfigError(f"resume: '{item}' would change the run's {key}; resume keeps its config groups "
-                              "(hardware= excepted)")
-        elif key not in ("resume", "hydra.run.dir"):
-            dotlist.append(item.lstrip("+"))
-    hardware = OmegaConf.create({"hardware": dcfg.hardware}) if new_hardware else OmegaConf.create()
-    merged = OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.load(saved), hardware,
-                             OmegaConf.from_dotlist(dotlist))
-    merged.resume = str(run_dir)
-    # Stopping early belongs to one invocation, not to the run.
-    merged.trainer.exit_after_step = dcfg.trainer.exit_after_step
-    return merged
 
 
 def quiet_transformers() -> None:
@@ -175,52 +322,6 @@ def quiet_transformers() -> None:
 def _fail(message: str) -> int:
     print(f"rlft: error: {message}", file=sys.stderr)
     return 2
-
-
-def describe_config_error(err: BaseException) -> str | None:
-    """One line for a Hydra/OmegaConf config error, or None when `err` is not one."""
-    from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
-
-    from rlft.config import keys_at
-    from rlft.errors import UserError
-
-    chain = []
-    while err is not None and err not in chain:
-        chain.append(err)
-        err = err.__cause__ or err.__context__
-    for e in chain:
-        if isinstance(e, UserError):
-            return str(e)
-    for e in chain:
-        if isinstance(e, MissingConfigException):
-            group = (e.missing_cfg_file or "").rsplit("/", 1)
-            if e.options and len(group) == 2:
-                return f"unknown {group[0]} '{group[1]}' (available: {', '.join(e.options)})"
-            return _first_line(e)
-    for e in chain:
-        if isinstance(e, (ConfigKeyError, ConfigAttributeError)):
-            full_key = getattr(e, "full_key", None) or ""
-            parent = full_key.rsplit(".", 1)[0] if "." in full_key else ""
-            allowed = keys_at(parent)
-            where = f" in {parent}" if parent else ""
-            hint = f" (allowed{where}: {', '.join(allowed)})" if allowed else ""
-            return f"unknown config key '{full_key}'{hint}"
-        if isinstance(e, ValidationError):
-            full_key = getattr(e, "full_key", None)
-            return f"{full_key}: {_first_line(e)}" if full_key else _first_line(e)
-    for e in chain:
-        if isinstance(e, OverrideParseException):
-            return f"cannot parse override '{e.override}': {_first_line(e)}"
-    config_errors = [e for e in chain if isinstance(e, (ConfigCompositionException, OmegaConfBaseException))]
-    if config_errors:  # Hydra's composition error may say nothing itself; what it wraps does
-        return next((_first_line(e) for e in chain if str(e).strip()), _first_line(config_errors[0]))
-    return None
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
 
 
 if __name__ == "__main__":

@@ -1,10 +1,16 @@
-"""A name -> object registry that refuses duplicates and names the choices when a lookup fails."""
+"""A name -> object registry that refuses duplicates and names the choices when a lookup fails.
+
+Losses, KL estimators, aggregations and advantage estimators (rlft.algos) and reward functions
+(rlft.rewards) are registered by name; the config's choices for them are the registered names
+(`Registry.choices()`), so validation and `rlft train --help KEY` read them from one place.
+"""
 
 from __future__ import annotations
 
 import importlib
 import os
 import sys
+from enum import StrEnum
 from typing import Callable, Generic, TypeVar
 
 from rlft.errors import ConfigError
@@ -17,10 +23,13 @@ class Registry(Generic[T]):
         self.kind = kind
         self._entries: dict[str, T] = {}
 
-    def register(self, name: str) -> Callable[[T], T]:
+    def register(self, name: str, **attributes) -> Callable[[T], T]:
+        """Decorator; `attributes` are set on the registered object (what callers need to know of it)."""
         def add(obj: T) -> T:
             if name in self._entries:
                 raise ValueError(f"{self.kind} '{name}' is already registered")
+            for key, value in attributes.items():
+                setattr(obj, key, value)
             self._entries[name] = obj
             return obj
         return add
@@ -30,8 +39,20 @@ class Registry(Generic[T]):
             raise ConfigError(f"unknown {self.kind} '{name}' (available: {', '.join(sorted(self._entries))})")
         return self._entries[name]
 
+    def __getitem__(self, name: str) -> T:
+        return self.get(name)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._entries
+
     def names(self) -> list[str]:
-        return sorted(self._entries)
+        """In registration order (the order a reader meets them in the code)."""
+        return list(self._entries)
+
+    def choices(self, enum_name: str, module: str) -> type[StrEnum]:
+        """A str Enum of the names registered so far: the type of the config key that picks one (defined in
+        `module`, under which its members pickle)."""
+        return StrEnum(enum_name, {name: name for name in self._entries}, module=module)
 
 
 def import_function(path: str, key: str) -> Callable:

@@ -27,7 +27,7 @@ from rlft.data.prompts import PromptEncoder
 from rlft.learner.logprobs import model_packing, response_logprobs
 from rlft.models.gguf import cache_root
 from rlft.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
-from rlft.rollout.base import SamplingParams
+from rlft.types import SamplingParams
 from rlft.rollout.hf_engine import HFEngine
 
 MODES = {"padded": {}, "prompt-shared": {"share_prompts": True}, "packed": {"padding_free": True},

@@ -17,10 +17,9 @@ import torch
 
 from rlft.data.arithmetic import addition_problem
 from rlft.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
-from rlft.rollout.base import SamplingParams
 from rlft.rollout.hf_engine import HFEngine
 from rlft.rollout.vllm_engine import VLLMEngine
-from rlft.sync import push_weights
+from rlft.types import SamplingParams
 
 
 def timed(fn, repeats: int) -> tuple[float, int]:
@@ -30,6 +29,13 @@ def timed(fn, repeats: int) -> tuple[float, int]:
         tokens += fn()
     return time.perf_counter() - start, tokens
 
+
+
+def push_seconds(model, engine) -> float:
+    """Seconds to hand every weight of `model` to `engine` (what a learner's weight push costs)."""
+    start = time.perf_counter()
+    engine.update_weights([(name, p.detach()) for name, p in model.named_parameters()])
+    return time.perf_counter() - start
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -58,7 +64,7 @@ def main() -> None:
     hf = HFEngine(load_causal_lm(path, args.dtype, args.device), tokenizer.pad_token_id,
                   [tokenizer.eos_token_id], seed=0)
     seconds, tokens = timed(lambda: int(hf.generate(prompts, params).response_mask.sum()), args.repeats)
-    add("hf engine (rlft)", seconds, tokens, min(push_weights(learner_model, hf).seconds for _ in range(3)))
+    add("hf engine (rlft)", seconds, tokens, min(push_seconds(learner_model, hf) for _ in range(3)))
 
     variants = [("in process", True, "rpc")]  # (label, in_process, weight_sync)
     if not args.skip_own_process:
@@ -67,7 +73,7 @@ def main() -> None:
         engine = VLLMEngine(str(path), args.dtype, seed=0, pad_id=tokenizer.pad_token_id, in_process=in_process,
                             weight_sync=weight_sync)
         seconds, tokens = timed(lambda: int(engine.generate(prompts, params).response_mask.sum()), args.repeats)
-        sync = min(push_weights(learner_model, engine).seconds for _ in range(3))
+        sync = min(push_seconds(learner_model, engine) for _ in range(3))
         add(f"vllm engine (rlft, {label})", seconds, tokens, sync)
         if weight_sync == "broadcast":  # same engine as the row above; only the sync differs
             engine.llm.llm_engine.engine_core.shutdown()

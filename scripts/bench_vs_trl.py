@@ -79,11 +79,7 @@ class Result:
 # ------------------------------------------------------------------------------------------- the runs
 def rlft_config(spec: Spec, extra: list[str] = ()):
     """The composed, typed rlft config of a spec (what `rlft train` would run)."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    from rlft.cli import config_dir
-    from rlft.config import register_schemas
+    from rlft.config.compose import compose, to_run_config
 
     loss, kl = CASES[spec.case]
     overrides = [f"model={spec.model}", f"seed={spec.seed}", f"trainer.steps={spec.steps}",
@@ -91,13 +87,11 @@ def rlft_config(spec: Spec, extra: list[str] = ()):
                  f"rollout.max_new_tokens={spec.max_new_tokens}", f"optim.lr={spec.lr}", "optim.warmup_steps=0",
                  f"algo.kl_coef={kl}", f"algo.loss_agg={LOSSES[loss][0]}", "trainer.eval_every=1000000",
                  "trainer.save_every=1000000", "logger.console=false", *spec.overrides, *extra]
-    register_schemas()
-    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        return OmegaConf.to_object(compose(config_name="config", overrides=overrides))
+    return to_run_config(*compose(overrides))
 
 
 def run_rlft(spec: Spec) -> Result:
-    from rlft.monitor import read_metrics
+    from rlft.tooling.monitor import read_metrics
     from rlft.trainer import train
 
     run_dir = Path(spec.out)
@@ -122,16 +116,17 @@ def run_trl(spec: Spec) -> Result:
     from rlft.rewards.scorer import RewardScorer
 
     cfg = rlft_config(spec)
-    model_path = resolve_model_path(cfg.model.path, cfg.model.gguf_file)
+    model_path = resolve_model_path(cfg.model.path)
     tokenizer = load_tokenizer(model_path)
     train_problems, _ = load_task(cfg.data)
-    chat = PromptEncoder(tokenizer, cfg.data.chat_template, cfg.data.system_prompt).chat
+    system_prompt = getattr(cfg.data, "system_prompt", None)
+    chat = PromptEncoder(tokenizer, getattr(cfg.data, "chat_template", None), system_prompt).chat
     scorer = RewardScorer(cfg.reward, max_response_tokens=spec.max_new_tokens)
 
     def prompt_of(problem):  # the prompt rlft's PromptEncoder renders, in TRL's dataset format
         if not chat:  # TRL tokenises plain prompts without special tokens: add the ones rlft's encoding has
             return tokenizer.decode(tokenizer.encode(problem.prompt))
-        system = [{"role": "system", "content": cfg.data.system_prompt}] if cfg.data.system_prompt else []
+        system = [{"role": "system", "content": system_prompt}] if system_prompt else []
         return system + [{"role": "user", "content": problem.prompt}]
 
     dataset = Dataset.from_list([{"prompt": prompt_of(p), "index": i} for i, p in enumerate(train_problems)])
@@ -187,16 +182,19 @@ def held_out_accuracy(spec: Spec, model_dir: str | None) -> float:
     from rlft.models.loading import load_tokenizer, resolve_model_path
     from rlft.rewards.scorer import RewardScorer
     from rlft.rollout import build_engine
-    from rlft.trainer import evaluate
+    from rlft.types import SamplingParams
 
     cfg = rlft_config(spec, [f"model.path={model_dir}"] if model_dir else [])
-    path = resolve_model_path(cfg.model.path, cfg.model.gguf_file)
+    path = resolve_model_path(cfg.model.path)
     tokenizer = load_tokenizer(path)
     _, held_out = load_task(cfg.data)
     engine = build_engine(cfg.rollout, path, cfg.model.dtype, "cpu", tokenizer, seed=0)
     scorer = RewardScorer(cfg.reward, max_response_tokens=spec.max_new_tokens)
-    encode = PromptEncoder(tokenizer, cfg.data.chat_template, cfg.data.system_prompt)
-    return evaluate(engine, tokenizer, encode, held_out, spec.max_new_tokens, scorer, step=0)["eval/accuracy"]
+    encode = PromptEncoder(tokenizer, getattr(cfg.data, "chat_template", None), getattr(cfg.data, "system_prompt", None))
+    rollout = engine.generate([encode(p.prompt) for p in held_out],
+                              SamplingParams(n=1, temperature=0.0, max_new_tokens=spec.max_new_tokens))
+    completions = tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
+    return scorer.score(held_out, completions, rollout.response_lengths.tolist()).correct.mean().item()
 
 
 def last_quarter_mean(values: list[float]) -> float:

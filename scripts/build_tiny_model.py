@@ -26,7 +26,7 @@ from transformers import (GenerationConfig, PreTrainedTokenizerFast, Qwen2Config
                           Qwen3MoeForCausalLM)
 
 from rlft.data.arithmetic import sloppy_sum, split_problems
-from rlft.rollout.base import SamplingParams
+from rlft.types import SamplingParams
 from rlft.rollout.hf_engine import HFEngine
 
 CHARS = "0123456789+-*/()=,. "

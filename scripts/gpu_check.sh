@@ -90,10 +90,10 @@ SMALL_TASK=(data.system_prompt='Reply with only the final number.' reward.fns=[a
             reward.accuracy=answer_match trainer.eval_every=100 data.eval_size=64 algo.kl_coef=0.04 optim.lr=1e-6)
 train tiny_bf16_mixed 55 model.dtype=bfloat16 "${TINY[@]}"; report
 train random_135m_bf16 90 model.path="$OUT/random_135m" model.dtype=bfloat16 "${SMALL_TASK[@]}" \
-    trainer.prompts_per_step=$(n 32) rollout.max_new_tokens=$(n 256) trainer.steps=4 algo.micro_batch_size=64; report
+    trainer.prompts_per_step=$(n 32) rollout.max_new_tokens=$(n 256) trainer.steps=4 compute.micro_batch_size=64; report
 train random_400m_bf16 100 model.path="$OUT/random_400m" model.dtype=bfloat16 "${SMALL_TASK[@]}" \
-    trainer.prompts_per_step=$(n 64) rollout.max_new_tokens=$(n 256) trainer.steps=3 algo.micro_batch_size=64 \
-    model.gradient_checkpointing=true; report
+    trainer.prompts_per_step=$(n 64) rollout.max_new_tokens=$(n 256) trainer.steps=3 compute.micro_batch_size=64 \
+    compute.gradient_checkpointing=true; report
 train tiny_fp32 55 model.dtype=float32 "${TINY[@]}"; report
 train tiny_bf16_pure 55 model.dtype=bfloat16 model.master_dtype=bfloat16 "${TINY[@]}"; report
 train tiny_bf16_async 55 model.dtype=bfloat16 rollout.async_steps=1 algo.tis_cap=2 "${TINY[@]}"; report

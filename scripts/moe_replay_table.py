@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = ["model=tiny_moe", "trainer.steps=40", "trainer.eval_every=40", "algo.ppo_epochs=4",
-        "algo.micro_batch_size=64", "trainer.prompts_per_step=32", "algo.group_size=8", "optim.lr=3e-4"]
+        "compute.micro_batch_size=64", "trainer.prompts_per_step=32", "algo.group_size=8", "optim.lr=3e-4"]
 
 
 def run(run_dir: Path, algo: str, replay: bool, seed: int, overrides: list[str]) -> None:

@@ -36,3 +36,10 @@ def read_metrics(run_dir: Path) -> list[dict]:
 @pytest.fixture
 def rlft():
     return run_rlft
+
+
+def push_weights(model, engine):
+    """Every parameter of `model` into `engine` by name (what a learner's push does); (bytes sent)."""
+    named = [(name, p.detach()) for name, p in model.named_parameters()]
+    engine.update_weights(named)
+    return sum(t.numel() * t.element_size() for _, t in named)

@@ -1,6 +1,7 @@
 import torch
 
-from rlft.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
+from rlft.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from rlft.types import TrainerState
 from rlft.models.loading import load_causal_lm, resolve_model_path
 
 

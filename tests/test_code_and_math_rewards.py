@@ -5,7 +5,7 @@ import os
 import pytest
 
 from rlft.data import load_task
-from rlft.config import DataConfig
+from rlft.config import data as schemas
 from rlft.rewards.builtin import code_tests, math_verify
 from rlft.rewards.sandbox import run_python
 
@@ -26,7 +26,7 @@ def test_math_verify_accepts_equivalent_forms_only(completion, answer, score):
 
 @pytest.fixture(scope="module")
 def humaneval():
-    train, held_out = load_task(DataConfig(name="humaneval", eval_size=64))
+    train, held_out = load_task(schemas.HumanEvalData(eval_size=64))
     assert len(train) + len(held_out) == 164
     return {p.fields["task_id"]: p for p in train + held_out}
 

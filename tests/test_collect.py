@@ -3,13 +3,12 @@
 import torch
 
 from rlft.algos.shaping import mixed_groups
-from rlft.collect import Overlong, collect_groups
 from rlft.data.arithmetic import split_problems
 from rlft.data.sampler import PromptSampler
-from rlft.rewards.scorer import Scores
 from rlft.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
-from rlft.rollout.base import SamplingParams
+from rlft.rollout.collect import Collector, Overlong
 from rlft.rollout.hf_engine import HFEngine
+from rlft.types import SamplingParams, Scores
 
 PATH = resolve_model_path("builtin:tiny-adder")
 TOKENIZER = load_tokenizer(PATH)
@@ -36,12 +35,12 @@ def collect(score, prompts_per_step=6, rounds=3, dynamic=True, overlong=None, se
     problems, _ = split_problems(10, 99, 500, 0)
     sampler = PromptSampler(problems, seed=seed)
     engine = HFEngine(load_causal_lm(PATH, "float32", "cpu"), TOKENIZER.pad_token_id, [TOKENIZER.eos_token_id], seed)
-    scored = collect_groups(sampler, engine, TOKENIZER.encode,
-                            lambda ids: TOKENIZER.batch_decode(ids, skip_special_tokens=True), as_score_fn(score),
-                            SamplingParams(n=4, temperature=1.0, max_new_tokens=6), TOKENIZER.pad_token_id,
-                            prompts_per_step=prompts_per_step, dynamic_sampling=dynamic,
-                            max_sampling_rounds=rounds, overlong=overlong)
-    return scored, sampler
+    collector = Collector(engine, sampler, TOKENIZER.encode,
+                          lambda ids: TOKENIZER.batch_decode(ids, skip_special_tokens=True), as_score_fn(score),
+                          SamplingParams(n=4, temperature=1.0, max_new_tokens=6), TOKENIZER.pad_token_id,
+                          prompts_per_step=prompts_per_step, dynamic_sampling=dynamic, max_sampling_rounds=rounds,
+                          overlong=overlong)
+    return collector.collect(), sampler
 
 
 def test_dynamic_sampling_keeps_only_mixed_groups_and_counts_what_it_dropped():
@@ -57,7 +56,7 @@ def test_dynamic_sampling_keeps_only_mixed_groups_and_counts_what_it_dropped():
     completions = TOKENIZER.batch_decode(scored.rollout.response_ids, skip_special_tokens=True)
     prompts = [p.prompt for p in scored.problems for _ in range(4)]
     assert half_constant_reward(prompts, completions, None) == scored.rewards.tolist()
-    assert scored.reward_parts["test"].tolist() == scored.rewards.tolist()  # the parts follow the kept rows
+    assert scored.scores.parts["test"].tolist() == scored.rewards.tolist()  # the parts follow the kept rows
 
 
 def test_dynamic_sampling_stops_after_max_rounds_and_may_keep_nothing():
@@ -77,3 +76,52 @@ def test_overlong_shaping_is_added_to_the_reward():
     lengths = scored.rollout.response_lengths.float()
     expected = torch.where(lengths <= 3, torch.zeros_like(lengths), (3 - lengths) / 3)
     assert torch.allclose(scored.rewards, expected)
+
+
+class CountingEngine:
+    """A stand-in engine that records what the collector asked of it, in order."""
+
+    def __init__(self, engine):
+        self.engine, self.calls = engine, []
+
+    def generate(self, prompts, params):
+        self.calls.append("generate")
+        return self.engine.generate(prompts, params)
+
+    def update_weights(self, named):
+        self.calls.append("update_weights")
+
+    def sleep(self):
+        self.calls.append("sleep")
+
+    def rng_state(self):
+        return self.engine.rng_state()
+
+
+def test_a_colocated_engine_sleeps_after_collecting_and_gets_weights_only_between_collections():
+    problems, held_out = split_problems(10, 99, 500, 0)
+    engine = CountingEngine(HFEngine(load_causal_lm(PATH, "float32", "cpu"), TOKENIZER.pad_token_id,
+                                     [TOKENIZER.eos_token_id], 0))
+
+    class Learner:
+        def push_weights(self, target):
+            target.update_weights([])
+            return "synced"
+
+    for ahead in (False, True):
+        engine.calls.clear()
+        collector = Collector(engine, PromptSampler(problems, seed=0), TOKENIZER.encode,
+                              lambda ids: TOKENIZER.batch_decode(ids, skip_special_tokens=True),
+                              as_score_fn(half_constant_reward), SamplingParams(n=2, max_new_tokens=4),
+                              TOKENIZER.pad_token_id, prompts_per_step=2, collect_ahead=ahead, sleep=not ahead)
+        first = collector.collect()
+        sync, waited = collector.push_weights(Learner())
+        second = collector.collect(ahead=False)
+        collector.close()
+        assert sync == "synced" and waited >= 0
+        if ahead:  # the second batch was generated before the push, with the weights of version 0
+            assert engine.calls == ["generate", "generate", "update_weights"]
+            assert (first.staleness, second.staleness, second.weights_version) == (0, 1, 0)
+        else:  # colocated: sleep after every collection, weights in between
+            assert engine.calls == ["generate", "sleep", "update_weights", "generate", "sleep"]
+            assert (first.staleness, second.staleness, second.weights_version) == (0, 0, 1)

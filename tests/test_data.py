@@ -6,7 +6,7 @@ from rlft.data import load_task
 from rlft.data.arithmetic import sloppy_sum, split_problems
 from rlft.data.files import load_problems
 from rlft.data.sampler import PromptSampler
-from rlft.config import DataConfig
+from rlft.config import data as schemas
 from rlft.errors import ConfigError
 
 
@@ -91,16 +91,16 @@ def test_dataset_folders_go_through_hugging_face_datasets_like_a_hub_id(tmp_path
     files.mkdir()
     (files / "train.jsonl").write_text("".join(f'{{"prompt": "{i}+1=", "answer": "{i + 1}"}}\n' for i in range(5)))
     (files / "test.jsonl").write_text('{"prompt": "9+1=", "answer": "10"}\n')
-    cfg = DataConfig(name="dataset", path=str(files), eval_split="test")
+    cfg = schemas.DatasetData(path=str(files), eval_split="test")
     train, held_out = load_task(cfg)
     assert len(train) == 5 and [(p.prompt, p.answer) for p in held_out] == [("9+1=", "10")]
     saved = tmp_path / "saved"
     datasets.DatasetDict({"train": datasets.Dataset.from_dict({"prompt": ["a", "b", "c"], "answer": ["1", "2", "3"]})}
                          ).save_to_disk(str(saved))
-    train, held_out = load_task(DataConfig(name="dataset", path=str(saved), eval_size=1))
+    train, held_out = load_task(schemas.DatasetData(path=str(saved), eval_size=1))
     assert len(train) == 2 and len(held_out) == 1
     with pytest.raises(ConfigError, match=r"data.path '.*files' \(split 'validation'\): cannot load it as a dataset"):
-        load_task(DataConfig(name="dataset", path=str(files), split="validation"))
+        load_task(schemas.DatasetData(path=str(files), split="validation"))
 
 
 def test_a_mapping_function_by_import_path(tmp_path, monkeypatch):
@@ -123,7 +123,7 @@ def test_a_mapping_function_by_import_path(tmp_path, monkeypatch):
 def test_dataset_task_splits_off_held_out_rows(tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text("".join(f'{{"prompt": "{i}+1=", "answer": "{i + 1}"}}\n' for i in range(30)))
-    train, held_out = load_task(DataConfig(name="dataset", path=str(data), eval_size=10))
+    train, held_out = load_task(schemas.DatasetData(path=str(data), eval_size=10))
     assert len(train) == 20 and len(held_out) == 10
     assert not {p.prompt for p in train} & {p.prompt for p in held_out}
 
@@ -131,7 +131,8 @@ def test_dataset_task_splits_off_held_out_rows(tmp_path):
 @pytest.mark.parametrize("name,reward", [("countdown", "countdown"), ("multistep", "answer_match")])
 def test_generated_tasks_are_solvable_deterministic_and_disjoint(name, reward):
     from rlft.rewards import call_reward, resolve_reward
-    cfg = DataConfig(name=name, size=300, eval_size=50, max_operand=20)
+    cfg = {"countdown": schemas.CountdownData, "multistep": schemas.MultistepData}[name](size=300, eval_size=50,
+                                                                                    max_operand=20)
     train, held_out = load_task(cfg)
     assert (len(train), len(held_out)) == (300, 50)
     assert not {p.prompt for p in train} & {p.prompt for p in held_out}
@@ -144,7 +145,7 @@ def test_generated_tasks_are_solvable_deterministic_and_disjoint(name, reward):
 
 def test_reasoning_gym_mix_and_its_scorer():
     from rlft.rewards.builtin import reasoning_gym_score
-    train, held_out = load_task(DataConfig(name="reasoning_gym", tasks={"chain_sum": 1.0, "countdown": 1.0},
+    train, held_out = load_task(schemas.ReasoningGymData(tasks={"chain_sum": 1.0, "countdown": 1.0},
                                            size=20, eval_size=6))
     assert {p.fields["rg_task"] for p in train} == {"chain_sum", "countdown"} and len(train) == 20
     assert not {p.prompt for p in train} & {p.prompt for p in held_out}
@@ -154,12 +155,12 @@ def test_reasoning_gym_mix_and_its_scorer():
         assert reasoning_gym_score("<answer>12345678</answer>", problem.fields["rg_task"],
                                    problem.fields["rg_entry"]) < 1.0
     with pytest.raises(ConfigError, match="reasoning-gym has no task 'no_such_task'"):
-        load_task(DataConfig(name="reasoning_gym", tasks={"no_such_task": 1.0}, size=2, eval_size=1))
+        load_task(schemas.ReasoningGymData(tasks={"no_such_task": 1.0}, size=2, eval_size=1))
 
 
 def test_chat_template_renders_prompts_and_long_ones_are_dropped():
     from rlft.data.prompts import PromptEncoder, drop_long_prompts
-    from rlft.data.types import Problem
+    from rlft.types import Problem
     from rlft.models.loading import load_tokenizer, resolve_model_path
     tokenizer = load_tokenizer(resolve_model_path("builtin:tiny-adder"))
     plain = PromptEncoder(tokenizer)  # no template: plain text

@@ -3,9 +3,9 @@ import torch
 
 from rlft.learner.logprobs import response_logprobs
 from rlft.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
-from rlft.rollout.base import SamplingParams
+from conftest import push_weights
 from rlft.rollout.hf_engine import HFEngine, _top_p_filter
-from rlft.sync import push_weights
+from rlft.types import SamplingParams
 
 PROMPTS = ["57+65=", "12+34=", "9+99=", "40+41="]
 
@@ -71,7 +71,7 @@ def test_update_weights_changes_what_the_engine_generates(parts):
     with torch.no_grad():
         for p in learner.parameters():
             p.add_(torch.randn(p.shape, generator=noise) * 0.5)
-    stats = push_weights(learner, engine)
+    sent = push_weights(learner, engine)
     after = engine.generate(prompts, greedy)
     expected = response_logprobs(learner, after.prompt_ids, after.prompt_mask, after.response_ids, after.response_mask)
     # The engine now runs the learner's weights. The perturbed model has large logits, and the engine's
@@ -79,7 +79,7 @@ def test_update_weights_changes_what_the_engine_generates(parts):
     # an engine still on the old weights is off by more than 1.
     assert (expected - after.logprobs).abs().max() < 1e-3
     assert not torch.equal(before.logprobs, after.logprobs)
-    assert stats.bytes == sum(p.numel() * 4 for p in learner.parameters())
+    assert sent == sum(p.numel() * 4 for p in learner.parameters())
     with pytest.raises(KeyError, match="no weight named"):
         engine.update_weights([("not.a.weight", torch.zeros(1))])
 

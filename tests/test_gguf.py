@@ -1,4 +1,4 @@
-"""model.gguf_file: a GGUF file (written here with the gguf package, no download) becomes a cached
+"""model.path=FOLDER/FILE.gguf: a GGUF file (written here with the gguf package, no download) becomes a cached
 Hugging Face folder that every loader then reads."""
 
 import numpy as np
@@ -76,7 +76,7 @@ def write_tiny_gguf(path) -> dict[str, np.ndarray]:
 def test_a_gguf_file_converts_once_and_loads_like_any_model(tmp_path, monkeypatch):
     monkeypatch.setenv("RLFT_CACHE", str(tmp_path / "cache"))
     tensors = write_tiny_gguf(tmp_path / "tiny.gguf")
-    folder = resolve_model_path(str(tmp_path), "tiny.gguf")
+    folder = resolve_model_path(str(tmp_path / "tiny.gguf"))
     assert str(tmp_path / "cache" / "gguf") in folder
     model = load_causal_lm(folder, "float32", "cpu")
     tokenizer = load_tokenizer(folder)
@@ -88,16 +88,13 @@ def test_a_gguf_file_converts_once_and_loads_like_any_model(tmp_path, monkeypatc
     assert out.shape[1] == len(tokenizer.encode("the")) + 3
     # the second time, the cached folder: no conversion
     (tmp_path / "cache" / "gguf" / folder.rsplit("/", 1)[1] / "marker").write_text("")
-    assert resolve_model_path(str(tmp_path), "tiny.gguf") == folder
+    assert resolve_model_path(str(tmp_path / "tiny.gguf")) == folder
 
 
 def test_gguf_mistakes_are_one_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("RLFT_CACHE", str(tmp_path / "cache"))
-    with pytest.raises(ConfigError, match="model.gguf_file 'missing.gguf' is not in"):
-        resolve_model_path(str(tmp_path), "missing.gguf")
+    with pytest.raises(ConfigError, match="model.path '.*missing.gguf': no such GGUF file"):
+        resolve_model_path(str(tmp_path / "missing.gguf"))
     (tmp_path / "broken.gguf").write_bytes(b"GGUF but not really")
-    with pytest.raises(ConfigError, match="model.gguf_file 'broken.gguf' in .*: cannot load it"):
-        resolve_model_path(str(tmp_path), "broken.gguf")
-    write_tiny_gguf(tmp_path / "tiny.gguf")
-    with pytest.raises(ConfigError, match="is a GGUF file: use model.path=<its folder> model.gguf_file=tiny.gguf"):
-        resolve_model_path(str(tmp_path / "tiny.gguf"))
+    with pytest.raises(ConfigError, match="model.path '.*broken.gguf': cannot load it as a GGUF model"):
+        resolve_model_path(str(tmp_path / "broken.gguf"))

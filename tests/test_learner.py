@@ -1,13 +1,13 @@
 import torch
 
 from rlft.algos.advantages import group_advantages
-from rlft.learner.learner import Learner, TrainBatch
+from rlft.learner.policy import Policy
 from rlft.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
-from rlft.rollout.base import SamplingParams
 from rlft.rollout.hf_engine import HFEngine
+from rlft.types import LossSettings, Rollout, SamplingParams, TrainBatch
 
-SETTINGS = dict(ratio_level="token", eps_low=0.2, eps_high=0.2, clip_ratio_c=None, loss_agg="token_mean",
-                kl_coef=0.0, kl_estimator="k3", tis_cap=None)
+SETTINGS = LossSettings(ratio_level="token", eps_low=0.2, eps_high=0.2, clip_ratio_c=None, loss_agg="token_mean",
+                        max_response_len=6)
 
 
 def batch_and_path(model: str = "builtin:tiny-adder"):
@@ -17,26 +17,19 @@ def batch_and_path(model: str = "builtin:tiny-adder"):
     rollout = engine.generate([tok.encode(p) for p in ["57+65=", "12+34=", "38+47=", "90+19="]],
                               SamplingParams(n=4, temperature=1.0, max_new_tokens=6))
     rewards = torch.rand(16, generator=torch.Generator().manual_seed(0))
-    return path, TrainBatch(prompt_ids=rollout.prompt_ids, prompt_mask=rollout.prompt_mask,
-                            response_ids=rollout.response_ids, response_mask=rollout.response_mask,
-                            loss_mask=rollout.response_mask, advantages=group_advantages(rewards, 4),
-                            rollout_logprobs=rollout.logprobs, ref_logprobs=None)
+    return path, TrainBatch(rollout, advantages=group_advantages(rewards, 4), loss_mask=rollout.response_mask)
 
 
-def learner(path):
-    return Learner(load_causal_lm(path, "float32", "cpu"), lr=1e-3, weight_decay=0.0, betas=(0.9, 0.999),
-                   eps=1e-8, max_grad_norm=1e9)
+def learner(path, **kwargs):
+    return Policy(load_causal_lm(path, "float32", "cpu"), max_grad_norm=1e9, **kwargs)
 
 
 def test_micro_batches_give_the_same_update_as_one_batch():
     path, batch = batch_and_path()
-    whole, split = learner(path), learner(path)
-    m_whole = whole.update(batch, ppo_epochs=1, micro_batch_size=16, temperature=1.0, max_response_len=6,
-                           loss_settings=SETTINGS)
-    m_split = split.update(batch, ppo_epochs=1, micro_batch_size=4, temperature=1.0, max_response_len=6,
-                           loss_settings=SETTINGS)
-    assert abs(m_whole["loss"] - m_split["loss"]) < 1e-6
-    assert abs(m_whole["grad_norm"] - m_split["grad_norm"]) < 1e-5
+    whole, split = learner(path, micro_batch_size=16), learner(path, micro_batch_size=4)
+    m_whole, m_split = whole.update(batch, SETTINGS, lr=1e-3), split.update(batch, SETTINGS, lr=1e-3)
+    assert abs(m_whole.loss - m_split.loss) < 1e-6
+    assert abs(m_whole.grad_norm - m_split.grad_norm) < 1e-5
     start = dict(load_causal_lm(path, "float32", "cpu").named_parameters())
     for (name, a), (_, b) in zip(whole.model.named_parameters(), split.model.named_parameters()):
         assert torch.allclose(a, b, atol=1e-6), name
@@ -45,20 +38,18 @@ def test_micro_batches_give_the_same_update_as_one_batch():
 
 def test_first_epoch_is_on_policy_and_later_epochs_are_not():
     path, batch = batch_and_path()
-    one = learner(path).update(batch, ppo_epochs=1, micro_batch_size=16, temperature=1.0, max_response_len=6,
-                               loss_settings=SETTINGS)
-    assert one["ratio_min"] == one["ratio_max"] == 1.0 and one["approx_kl"] == 0.0
-    assert one["logprob_diff_mean"] < 1e-5  # the first pass reproduces the engine's log-probs
-    three = learner(path).update(batch, ppo_epochs=3, micro_batch_size=8, temperature=1.0, max_response_len=6,
-                                 loss_settings=SETTINGS)
-    assert three["ratio_max"] > 1.0 > three["ratio_min"] and three["approx_kl"] > 0
+    one = learner(path).update(batch, SETTINGS, lr=1e-3)
+    assert one.ratio_min == one.ratio_max == 1.0 and one.approx_kl == 0.0
+    assert one.logprob_diff_mean < 1e-5  # the first pass reproduces the engine's log-probs
+    three = learner(path, ppo_epochs=3, micro_batch_size=8).update(batch, SETTINGS, lr=1e-3)
+    assert three.ratio_max > 1.0 > three.ratio_min and three.approx_kl > 0
 
 
 def test_a_zero_loss_mask_trains_nothing():
     path, batch = batch_and_path()
     batch.loss_mask = torch.zeros_like(batch.loss_mask)
     model = learner(path)
-    model.update(batch, ppo_epochs=1, micro_batch_size=16, temperature=1.0, max_response_len=6, loss_settings=SETTINGS)
+    model.update(batch, SETTINGS, lr=1e-3)
     start = dict(load_causal_lm(path, "float32", "cpu").named_parameters())
     assert all(torch.equal(p, start[n]) for n, p in model.model.named_parameters())
 
@@ -67,11 +58,9 @@ def test_mixed_precision_keeps_float32_weights_so_updates_below_bfloat16_resolut
     path, batch = batch_and_path()
     name = "model.layers.0.mlp.up_proj.weight"
     start = dict(load_causal_lm(path, "float32", "cpu").named_parameters())[name].detach()
-    kwargs = dict(lr=1e-5, weight_decay=0.0, betas=(0.9, 0.999), eps=1e-8, max_grad_norm=1e9)
-    mixed = Learner(load_causal_lm(path, "float32", "cpu"), compute_dtype=torch.bfloat16, **kwargs)
-    pure = Learner(load_causal_lm(path, "bfloat16", "cpu"), **kwargs)
-    update = dict(ppo_epochs=1, micro_batch_size=16, temperature=1.0, max_response_len=6, loss_settings=SETTINGS)
-    m_mixed, m_pure = mixed.update(batch, **update), pure.update(batch, **update)
+    mixed = Policy(load_causal_lm(path, "float32", "cpu"), max_grad_norm=1e9, compute_dtype=torch.bfloat16)
+    pure = Policy(load_causal_lm(path, "bfloat16", "cpu"), max_grad_norm=1e9)
+    m_mixed, m_pure = mixed.update(batch, SETTINGS, lr=1e-5), pure.update(batch, SETTINGS, lr=1e-5)
 
     def changed(learner):
         weight = dict(learner.model.named_parameters())[name].detach()
@@ -83,21 +72,20 @@ def test_mixed_precision_keeps_float32_weights_so_updates_below_bfloat16_resolut
     assert dtype_mixed == torch.float32 and share_mixed > 0.95, share_mixed
     assert share_pure < 0.2, share_pure
     # the passes did run in bfloat16: their log-probs differ from the float32 engine's by its rounding
-    assert m_mixed["logprob_diff_mean"] > 1e-4 > learner(path).update(batch, **update)["logprob_diff_mean"]
+    assert m_mixed.logprob_diff_mean > 1e-4 > learner(path).update(batch, SETTINGS, lr=1e-5).logprob_diff_mean
 
 
 def test_reference_log_probs_in_micro_batches_equal_one_pass():
-    from rlft.config import RunConfig
-    from rlft.learner.worker import LearnerWorker
+    from rlft.config.compose import compose, to_run_config
+    from rlft.learner.local import LocalLearner
     path, batch = batch_and_path()
 
     def reference(micro_batch_size):
-        cfg = RunConfig()
-        cfg.algo.kl_coef, cfg.algo.micro_batch_size = 0.04, micro_batch_size
-        return LearnerWorker(cfg, path).reference_logprobs(batch, temperature=1.0)
+        dcfg, choices = compose(["algo.kl_coef=0.04", f"compute.micro_batch_size={micro_batch_size}"])
+        return LocalLearner(to_run_config(dcfg, choices), path).reference_logprobs(batch.rollout)
 
-    whole, chunked = reference(None), reference(3)  # 16 rows: passes of 3, 3, 3, 3, 3, 1
-    assert chunked.shape == whole.shape == batch.response_ids.shape
+    whole, chunked = reference("null"), reference(3)  # 16 rows: passes of 3, 3, 3, 3, 3, 1
+    assert chunked.shape == whole.shape == batch.rollout.response_ids.shape
     assert torch.allclose(chunked, whole, atol=1e-5) and whole.abs().sum() > 0
 
 
@@ -109,21 +97,20 @@ def test_packed_passes_give_the_same_update_as_padded_ones():
     with torch.no_grad():
         rollout_logp = response_logprobs(load_causal_lm(path, "float32", "cpu"), prompt_ids, prompt_mask,
                                          response_ids, response_mask)
-    batch = TrainBatch(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
-                       response_mask=response_mask, loss_mask=response_mask,
-                       advantages=torch.linspace(-1, 1, 8), rollout_logprobs=rollout_logp, ref_logprobs=None)
+    rollout = Rollout(prompt_ids, prompt_mask, response_ids, response_mask, rollout_logp,
+                      truncated=torch.zeros(8, dtype=torch.bool))
+    batch = TrainBatch(rollout, advantages=torch.linspace(-1, 1, 8), loss_mask=response_mask)
     runs = {}
     for padding_free in (False, True):
-        model = Learner(load_causal_lm(path, "float32", "cpu"), lr=1e-2, weight_decay=0.0, betas=(0.9, 0.999),
-                        eps=1e-8, max_grad_norm=1e9, padding_free=padding_free)
-        metrics = model.update(batch, ppo_epochs=3, micro_batch_size=4, temperature=1.0, max_response_len=6,
-                               loss_settings=SETTINGS)
+        model = learner(path, ppo_epochs=3, micro_batch_size=4, padding_free=padding_free)
+        metrics = model.update(batch, SETTINGS, lr=1e-2)
         runs[padding_free] = metrics, dict(model.model.named_parameters())
     assert model_packing(model.model, prompt_mask[:4], response_mask[:4]) is not None  # it packed
     (padded, padded_weights), (packed, packed_weights) = runs[False], runs[True]
-    assert packed["ratio_max"] > 1.0  # epochs 2-3 are off-policy: the log-probs of moved weights count
+    assert packed.ratio_max > 1.0  # epochs 2-3 are off-policy: the log-probs of moved weights count
     for key in ("loss", "ratio_max", "ratio_min", "entropy", "grad_norm"):
-        assert abs(packed[key] - padded[key]) <= 1e-5 * max(1.0, abs(padded[key])), key
+        ours, theirs = getattr(packed, key), getattr(padded, key)
+        assert abs(ours - theirs) <= 1e-5 * max(1.0, abs(theirs)), key
     # The keys' bias gets no gradient in exact arithmetic (softmax ignores a shift shared by every key), so
     # AdamW turns its round-off into whole steps of either sign: a packed and a padded pass round
     # differently, and those updates are noise. Every other weight must move the same way.

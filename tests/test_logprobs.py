@@ -101,16 +101,15 @@ def test_the_packed_pass_equals_the_padded_pass_and_its_gradients(model, respons
 
 def test_a_model_that_mixes_packed_sequences_is_caught_and_the_learner_pads(model, monkeypatch):
     import transformers.masking_utils
-    from rlft.learner.learner import Learner
+    from rlft.learner.policy import Policy
     assert supports_packing(model)
     # as in attention code that ignores where packed sequences start: one causal mask over the whole row
     monkeypatch.setattr(transformers.masking_utils, "find_packed_sequence_indices", lambda positions: None)
     batch = uneven_batch(6)
     assert not torch.allclose(response_logprobs(model, *batch, padding_free=True), response_logprobs(model, *batch))
     assert not supports_packing(model)
-    with pytest.warns(UserWarning, match="padding_free"):
-        learner = Learner(model, lr=1e-3, weight_decay=0.0, betas=(0.9, 0.999), eps=1e-8, max_grad_norm=1.0,
-                          padding_free=True)
+    with pytest.warns(UserWarning, match="compute.layout: .* the learner pads instead of packing"):
+        learner = Policy(model, padding_free=True)
     assert not learner.padding_free
 
 

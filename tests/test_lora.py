@@ -8,8 +8,8 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import TINY_RUN, read_metrics
-from rlft.config import LoraSettings
-from rlft.learner.worker import merged_lora_weights, with_lora
+from rlft.config.model import LoraSettings
+from rlft.models.lora import merged_lora_weights, with_lora
 from rlft.models.loading import load_causal_lm, resolve_model_path
 
 PATH = resolve_model_path("builtin:tiny-adder")

@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from rlft.algos.losses import LOSS_AGGS, clipped_surrogate, kl_penalty, policy_loss
+from rlft.algos.losses import (KL_ESTIMATORS, LOSS_AGGS, RATIO_LEVELS, aggregate, clipped_surrogate, kl_penalty,
+                               policy_loss)
 
 
 def reference_loss(logp, old, adv, mask, *, ratio_level, eps_low, eps_high, clip_ratio_c, loss_agg,
@@ -149,20 +150,22 @@ def test_gspo_token_value_and_gradient_equal_gspo():
     assert grads[0].abs().sum() > 0
 
 
-@pytest.mark.parametrize("loss_agg", LOSS_AGGS)
+@pytest.mark.parametrize("loss_agg", LOSS_AGGS.names())
 @pytest.mark.parametrize("ratio_level", ["token", "sequence"])
 def test_gradient_accumulation_gives_the_same_gradient(loss_agg, ratio_level):
     logp0, old, adv, mask, ref, _ = random_batch(4, n=8, t=6)
     settings = dict(ratio_level=ratio_level, eps_low=0.2, eps_high=0.2, clip_ratio_c=None, loss_agg=loss_agg,
                     ref_logp=None, kl_coef=0.0, **counts(mask, 6))
     full = logp0.clone().requires_grad_(True)
-    policy_loss(full, old, adv, mask, **settings)[0].backward()
+    full_loss, _ = policy_loss(full, old, adv, mask, **settings)
+    full_loss.backward()
     split = logp0.clone().requires_grad_(True)
     total = 0.0
     for rows in (slice(0, 2), slice(2, 4), slice(4, 6), slice(6, 8)):
         loss, _ = policy_loss(split[rows], old[rows], adv[rows], mask[rows], **settings)
         loss.backward()
         total += loss.item()
+    assert total == pytest.approx(full_loss.item(), abs=1e-12)  # the micro-batches' shares add up to the loss
     assert torch.allclose(full.grad, split.grad, atol=1e-12)
     assert full.grad.abs().sum() > 0
 
@@ -177,3 +180,45 @@ def test_on_policy_ratio_is_one_and_gradient_is_the_policy_gradient():
     loss.backward()
     assert metrics["ratio_mean"] == 1.0 and metrics["clip_frac_low"] == 0.0
     assert torch.allclose(logp.grad, torch.tensor([[-0.25, -0.25], [1.0, 0.0]]))
+
+
+def test_the_config_offers_exactly_the_registered_names():
+    from rlft.algos.advantages import ADVANTAGES
+    from rlft.config.algo import KLEstimator, LossAgg, RatioLevel, ScaleRewards
+    for enum, registry in ((RatioLevel, RATIO_LEVELS), (LossAgg, LOSS_AGGS), (KLEstimator, KL_ESTIMATORS),
+                           (ScaleRewards, ADVANTAGES)):
+        assert list(enum.__members__) == registry.names()
+    assert LOSS_AGGS.names() == ["token_mean", "seq_mean_token_mean", "seq_mean", "seq_mean_token_sum_norm"]
+
+
+def test_a_registry_refuses_a_name_twice_and_a_new_entry_is_usable_at_once():
+    from rlft.registry import Registry
+    with pytest.raises(ValueError, match="loss aggregation 'token_mean' is already registered"):
+        LOSS_AGGS.register("token_mean")(lambda *args, **kwargs: None)
+    registry = Registry("test")
+
+    @registry.register("sum", per_sequence=False)
+    def total(per_token, mask, num_sequences, num_tokens, max_response_len):
+        return (per_token * mask).sum()
+
+    assert registry["sum"] is total and total.per_sequence is False and "sum" in registry
+    assert list(registry.choices("Choice", __name__).__members__) == ["sum"]
+    with pytest.raises(Exception, match="unknown test 'nope' \\(available: sum\\)"):
+        registry["nope"]
+
+
+def test_every_registered_aggregation_and_estimator_matches_the_reference():
+    """The registries hold what the loop-by-loop reference above computes, name by name."""
+    logp, old, adv, mask, ref, _ = random_batch(5)
+    for agg in LOSS_AGGS.names():
+        settings = dict(ratio_level="token", eps_low=0.2, eps_high=0.2, clip_ratio_c=None, loss_agg=agg)
+        loss, _ = policy_loss(logp, old, adv, mask, **counts(mask, 5), **settings)
+        assert loss.item() == pytest.approx(reference_loss(logp, old, adv, mask, max_response_len=5, **settings),
+                                            abs=1e-9)
+        assert aggregate(torch.ones_like(mask), mask, agg, **counts(mask, 5)).item() > 0
+    for estimator in KL_ESTIMATORS.names():
+        settings = dict(ratio_level="token", eps_low=0.2, eps_high=0.2, clip_ratio_c=None, loss_agg="token_mean",
+                        kl_coef=0.3, kl_estimator=estimator)
+        loss, _ = policy_loss(logp, old, adv, mask, ref_logp=ref, **counts(mask, 5), **settings)
+        assert loss.item() == pytest.approx(reference_loss(logp, old, adv, mask, ref=ref, max_response_len=5,
+                                                           **settings), abs=1e-9)

@@ -8,7 +8,8 @@ from omegaconf import OmegaConf
 from wandb_records import read_offline_run
 
 from rlft.cli import swept_keys
-from rlft.compare import PANELS, plot_comparison
+from rlft.tooling.compare import plot_comparison
+from rlft.tooling.metrics import PANELS
 
 SHORT = ["trainer.steps=3", "trainer.eval_every=2", *TINY_RUN]
 
@@ -25,6 +26,7 @@ def test_offline_wandb_run_holds_the_config_and_every_metric(rlft, tmp_path, mon
     logged = read_offline_run(run)
     saved = OmegaConf.to_container(OmegaConf.load(run / "config.yaml"))
     assert {k: logged["config"][k] for k in saved} == saved
+    assert logged["config"]["options"]["algo"] == "dapo"  # the group options, for the run table
     assert logged["run"].display_name == "run" and list(logged["run"].tags) == ["mine"]
 
     rows = read_metrics(run)

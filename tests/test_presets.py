@@ -1,34 +1,32 @@
 """The algorithms are presets of one loss: DAPO with its parts off is GRPO without KL, and GSPO at
 token level is the GRPO surrogate (ALGORITHMS.md, last paragraph)."""
 
+from dataclasses import asdict
+
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
-from conftest import ROOT
+from rlft.algos.advantages import group_advantages
 from rlft.algos.losses import policy_loss
-from rlft.config import register_schemas
-from rlft.trainer import loss_settings
+from rlft.algos.settings import loss_settings
+from rlft.config.compose import compose, to_run_config
 
 
 def algo(name, *overrides):
-    register_schemas()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[f"algo={name}", *[f"algo.{o}" for o in overrides]])
-    return OmegaConf.to_object(cfg).algo
+    dcfg, choices = compose([f"algo={name}", *[f"algo.{o}" for o in overrides]])
+    return to_run_config(dcfg, choices).algo
 
 
 def loss_of(algo_cfg, seed=0):
     gen = torch.Generator().manual_seed(seed)
     old = -torch.rand(8, 6, generator=gen, dtype=torch.float64) * 2
-    logp = (old + torch.randn(8, 6, generator=gen, dtype=torch.float64) * 0.4).requires_grad_(True)
+    logp = (old + torch.randn(8, 6, generator=gen, dtype=torch.float64) * 0.6).requires_grad_(True)
     ref = old + torch.randn(8, 6, generator=gen, dtype=torch.float64) * 0.2
     adv = torch.randn(8, generator=gen, dtype=torch.float64)
     rollout = old + torch.randn(8, 6, generator=gen, dtype=torch.float64) * 0.1
     mask = (torch.arange(6)[None] < torch.randint(1, 7, (8, 1), generator=gen)).double()
-    loss, _ = policy_loss(logp, old, adv, mask, ref_logp=ref, rollout_logp=rollout, num_sequences=8, num_tokens=int(mask.sum()),
-                          max_response_len=6, **loss_settings(algo_cfg, step=1))
+    loss, _ = policy_loss(logp, old, adv, mask, ref_logp=ref, rollout_logp=rollout, num_sequences=8,
+                          num_tokens=int(mask.sum()), **asdict(loss_settings(algo_cfg, step=1, max_response_len=6)))
     loss.backward()
     return loss.item(), logp.grad
 
@@ -57,10 +55,44 @@ def test_gspo_at_token_level_is_the_grpo_surrogate():
     assert a[0] == pytest.approx(b[0], abs=1e-12) and torch.allclose(a[1], b[1], atol=1e-12)
 
 
+# Each loss key, set on top of each preset, against the same preset with the key at another value: the
+# key is an input of the loss, so the loss must change. (Where a key only acts with another one, both
+# sides set that one: the KL estimator needs a KL term.)
+LOSS_KEYS = {
+    "ratio_level=sequence": "ratio_level=token",
+    "ratio_level=sequence_token": "ratio_level=token",
+    "clip_ratio_c=1.5": "ratio_level=token",          # dual clip: the ratios of some negative advantages > 1.5
+    "eps_high=0.5": "eps_high=0.05",
+    "eps_low=0.5": "eps_low=0.05",
+    "loss_agg=seq_mean_token_sum_norm": "loss_agg=token_mean",
+    "kl_coef=0.1": "kl_coef=0",
+    "kl_estimator=k2": "kl_estimator=k3",
+    "kl_in_reward=true": "kl_in_reward=false",
+    "tis_cap=2.0": "tis_cap=null",
+}
+NEEDS = {"clip_ratio_c=1.5": ["ratio_level=token"], "kl_estimator=k2": ["kl_coef=0.1"],
+         "kl_estimator=k3": ["kl_coef=0.1"], "kl_in_reward=true": ["kl_coef=0.1"],
+         "kl_in_reward=false": ["kl_coef=0.1"],
+         "eps_high=0.5": ["ratio_level=token"], "eps_high=0.05": ["ratio_level=token"],
+         "eps_low=0.5": ["ratio_level=token"], "eps_low=0.05": ["ratio_level=token"]}
+
+
 @pytest.mark.parametrize("name", ["grpo", "dapo", "gspo"])
-@pytest.mark.parametrize("override", ["ratio_level=sequence", "ratio_level=sequence_token", "clip_ratio_c=3.0",
-                                      "loss_agg=seq_mean_token_sum_norm", "kl_coef=0.1", "kl_estimator=k2",
-                                      "scale_rewards=none", "tis_cap=2.0", "dynamic_sampling=true"])
-def test_every_key_works_with_every_algorithm(name, override):
-    loss, grad = loss_of(algo(name, override))
+@pytest.mark.parametrize("override", sorted(LOSS_KEYS))
+def test_every_loss_key_changes_the_loss_of_every_algorithm(name, override):
+    other = LOSS_KEYS[override]
+    loss, grad = loss_of(algo(name, *NEEDS.get(override, []), override))
+    other_loss, other_grad = loss_of(algo(name, *NEEDS.get(other, []), other))
     assert torch.isfinite(torch.tensor(loss)) and grad.abs().sum() > 0
+    assert loss != pytest.approx(other_loss, abs=1e-9) or not torch.allclose(grad, other_grad), (loss, other_loss)
+
+
+@pytest.mark.parametrize("name", ["grpo", "dapo", "gspo"])
+def test_scale_rewards_changes_the_advantages_of_every_algorithm(name):
+    """Not a loss input: the advantage estimator, before the loss."""
+    rewards = torch.tensor([0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0])
+    by_group = group_advantages(rewards, 4, algo(name).scale_rewards)
+    by_batch = group_advantages(rewards, 4, algo(name, "scale_rewards=batch").scale_rewards)
+    centred = group_advantages(rewards, 4, algo(name, "scale_rewards=none").scale_rewards)
+    assert not torch.allclose(by_group, by_batch) and not torch.allclose(by_group, centred)
+    assert torch.allclose(centred, torch.tensor([-0.75, 0.25, 0.25, 0.25, -0.25, -0.25, -0.25, 0.75]))

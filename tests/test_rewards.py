@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from rlft.config import RewardConfig
-from rlft.data.types import Problem
+from rlft.config.reward import FormattedReward
+from rlft.types import Problem
 from rlft.errors import ConfigError, RewardError
 from rlft.registry import Registry
 from rlft.rewards import REWARDS, exact_match, resolve_reward
@@ -53,7 +53,7 @@ def test_countdown_is_exact_with_division():
 
 
 def test_format_and_final_answer():
-    pattern = RewardConfig().format_pattern
+    pattern = FormattedReward().format_pattern
     assert format_reward("<think>a\nb</think> <answer>3</answer>", pattern) == 1.0
     assert format_reward("<answer>3</answer>", pattern) == 0.0
     assert format_reward("<think>a</think><answer>3</answer> trailing", pattern) == 0.0
@@ -72,7 +72,7 @@ PROBLEMS = [Problem("1+1=", "2", {"level": 1}), Problem("2+2=", "4", {"level": 2
 
 
 def scorer(**keys) -> RewardScorer:
-    return RewardScorer(replace(RewardConfig(), **keys), max_response_tokens=8)
+    return RewardScorer(replace(FormattedReward(), **keys), max_response_tokens=8)
 
 
 def test_weighted_sum_keeps_each_part():
@@ -127,7 +127,7 @@ def user_rewards(tmp_path, monkeypatch):
 
 
 def test_user_function_by_import_path_runs_in_a_worker_with_the_row_fields(user_rewards):
-    s = scorer(fns=["my_rewards:by_level"], accuracy="my_rewards:by_level", workers=1)
+    s = scorer(fns=["my_rewards:by_level"], accuracy="my_rewards:by_level")
     try:
         scores = s.score(PROBLEMS, ["2", "5"], [1, 1])
     finally:
@@ -139,11 +139,11 @@ def test_user_function_by_import_path_runs_in_a_worker_with_the_row_fields(user_
 
 
 def test_a_raising_reward_names_itself_and_the_sample_or_scores_zero(user_rewards):
-    s = scorer(fns=["my_rewards:flaky"], workers=1)
+    s = scorer(fns=["my_rewards:flaky"])
     with pytest.raises(RewardError, match=r"reward 'my_rewards:flaky' failed on sample 1 \(prompt '2\+2=', "
                                           r"completion 'bad'\): ValueError: cannot parse bad"):
         s.score(PROBLEMS, ["2", "bad"], [1, 1])
-    s = scorer(fns=["my_rewards:flaky"], workers=1, on_error="zero")
+    s = scorer(fns=["my_rewards:flaky"], on_error="zero")
     scores = s.score(PROBLEMS, ["2", "bad"], [1, 1])
     s.close()
     assert scores.total.tolist() == [1.0, 0.0] and scores.errors == 1
@@ -155,7 +155,7 @@ def test_a_raising_reward_names_itself_and_the_sample_or_scores_zero(user_reward
     ("not_a_number", "2", "returned str 'high': a reward is a float or a dict of floats"),
 ])
 def test_a_hanging_crashing_or_malformed_reward_is_contained(user_rewards, fn, completion, error):
-    raising, zeroing = (scorer(fns=[f"my_rewards:{fn}"], workers=1, timeout_s=1.0, on_error=policy)
+    raising, zeroing = (scorer(fns=[f"my_rewards:{fn}"], timeout_s=1.0, on_error=policy)
                         for policy in ("raise", "zero"))
     try:
         first_bad = 0 if fn == "not_a_number" else 1  # that one fails on every sample

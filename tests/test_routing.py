@@ -1,16 +1,20 @@
-"""Routing replay on mixture-of-experts policies (rlft.learner.routing; ALGORITHMS.md)."""
+"""Routing replay on mixture-of-experts policies (rlft.models.routing; ALGORITHMS.md)."""
+
+from dataclasses import asdict
 
 import pytest
 import torch
 from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from rlft.algos.losses import policy_loss
-from rlft.learner.learner import Learner, TrainBatch
+from rlft.errors import ConfigError
 from rlft.learner.logprobs import model_packing, response_logprobs
-from rlft.learner.routing import RouterTap, find_routers
+from rlft.learner.policy import Policy
+from rlft.models.routing import RouterTap, find_routers
+from rlft.types import LossSettings, Rollout, TrainBatch
 
-SETTINGS = dict(ratio_level="token", eps_low=0.2, eps_high=0.2, clip_ratio_c=None, loss_agg="token_mean",
-                kl_coef=0.0, kl_estimator="k3", tis_cap=None)
+SETTINGS = LossSettings(ratio_level="token", eps_low=0.2, eps_high=0.2, clip_ratio_c=None, loss_agg="token_mean",
+                        max_response_len=5)
 SHAPE = dict(vocab_size=32, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
              head_dim=32, max_position_embeddings=64, num_experts_per_tok=2, pad_token_id=0, eos_token_id=1)
 
@@ -68,7 +72,7 @@ def test_replay_forces_the_recorded_experts_after_the_router_has_moved():
     tap.end(drifting)
     changed = [(used[layer].sort(-1).values != recorded[layer].sort(-1).values).any(-1) for layer in recorded]
     assert any(c.any() for c in changed)  # replay off: some tokens go to other experts now
-    assert drifting.metrics()["moe/routing_drift"] == drifting.metrics()["moe/router_drift"] > 0
+    assert drifting.stats().routing_drift == drifting.stats().router_drift > 0
 
     replayed = tap.counts()
     tap.begin("pass", mask, record=False, replay=True, compare=True)
@@ -76,9 +80,9 @@ def test_replay_forces_the_recorded_experts_after_the_router_has_moved():
     tap.end(replayed)
     for layer in recorded:  # replay on: every layer and token runs the recorded experts
         assert torch.equal(used[layer], recorded[layer]), layer
-    metrics = replayed.metrics()
-    assert metrics["moe/routing_drift"] == 0.0
-    assert metrics["moe/router_drift"] == pytest.approx(drifting.metrics()["moe/router_drift"])
+    stats = replayed.stats()
+    assert stats.routing_drift == 0.0
+    assert stats.router_drift == pytest.approx(drifting.stats().router_drift)
 
 
 @pytest.mark.parametrize("build", [qwen3_moe, mixtral])
@@ -123,13 +127,12 @@ def moe_batch(model, rows=8, prompt_len=4, response_len=5):
     with torch.no_grad():
         logp = response_logprobs(model, prompt, prompt_mask, response, response_mask)
     advantages = torch.linspace(-1, 1, rows)
-    return TrainBatch(prompt_ids=prompt, prompt_mask=prompt_mask, response_ids=response, response_mask=response_mask,
-                      loss_mask=response_mask, advantages=advantages, rollout_logprobs=logp, ref_logprobs=None)
+    rollout = Rollout(prompt, prompt_mask, response, response_mask, logp, truncated=torch.zeros(rows, dtype=torch.bool))
+    return TrainBatch(rollout, advantages=advantages, loss_mask=response_mask)
 
 
 def moe_learner(seed=0, **kwargs):
-    return Learner(qwen3_moe(seed).train(), lr=3e-2, weight_decay=0.0, betas=(0.9, 0.999), eps=1e-8,
-                   max_grad_norm=1e9, **kwargs)
+    return Policy(qwen3_moe(seed).train(), max_grad_norm=1e9, **kwargs)
 
 
 PACKED = pytest.mark.parametrize("padding_free", [False, True], ids=["padded", "packed"])
@@ -140,16 +143,16 @@ PACKED = pytest.mark.parametrize("padding_free", [False, True], ids=["padded", "
 def test_learner_reports_drift_without_replay_and_none_with_it(micro_batch_size, padding_free):
     runs = {}
     for replay in (False, True):
-        learner = moe_learner(routing_replay=replay, padding_free=padding_free)
+        learner = moe_learner(routing_replay=replay, padding_free=padding_free, ppo_epochs=3,
+                              micro_batch_size=micro_batch_size)
         assert learner.padding_free == padding_free
         batch = moe_batch(learner.model)
-        runs[replay] = learner.update(batch, ppo_epochs=3, micro_batch_size=micro_batch_size, temperature=1.0,
-                                      max_response_len=5, loss_settings=SETTINGS)
+        runs[replay] = learner.update(batch, SETTINGS, lr=3e-2).routing
     off, on = runs[False], runs[True]
-    assert off["moe/routing_drift"] == off["moe/router_drift"] > 0  # the router moved in epochs 2-3
-    assert on["moe/routing_drift"] == 0.0 and on["moe/router_drift"] > 0
-    real = int(torch.cat([batch.prompt_mask, batch.response_mask], 1).sum())
-    assert sum(on[f"moe/expert_tokens/{e}"] for e in range(8)) == real * 2 * 2  # tokens x layers x top-k
+    assert off.routing_drift == off.router_drift > 0  # the router moved in epochs 2-3
+    assert on.routing_drift == 0.0 and on.router_drift > 0
+    real = int(torch.cat([batch.rollout.prompt_mask, batch.rollout.response_mask], 1).sum())
+    assert sum(on.expert_tokens) == real * 2 * 2  # tokens x layers x top-k
 
 
 @PACKED
@@ -159,52 +162,50 @@ def test_the_loss_is_the_dense_formula_on_the_replayed_logprobs(padding_free):
     the real tokens' routes out of the padded layout the engine returns."""
     learner = moe_learner(routing_replay=True, padding_free=padding_free)
     batch = moe_batch(learner.model)
+    r = batch.rollout
     if padding_free:  # short sequences share rows
-        assert model_packing(learner.model, batch.prompt_mask, batch.response_mask).rows < batch.size
-    layers, tokens_per_row = 2, batch.prompt_ids.shape[1] + batch.response_ids.shape[1]
+        assert model_packing(learner.model, r.prompt_mask, r.response_mask).rows < batch.size
+    layers, tokens_per_row = 2, r.prompt_ids.shape[1] + r.response_ids.shape[1]
     routes = torch.stack([torch.randperm(8, generator=torch.Generator().manual_seed(i))[:2]
                           for i in range(batch.size * tokens_per_row * layers)])
-    batch.routes = routes.view(batch.size, tokens_per_row, layers, 2)
+    r.routes = routes.view(batch.size, tokens_per_row, layers, 2)
 
     reference = qwen3_moe().train()
     tap = RouterTap(reference)
-    tap.set_routes("all", batch.routes)
-    tap.begin("all", torch.cat([batch.prompt_mask, batch.response_mask], 1), record=False, replay=True, compare=True)
-    logp = response_logprobs(reference, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
+    tap.set_routes("all", r.routes)
+    tap.begin("all", torch.cat([r.prompt_mask, r.response_mask], 1), record=False, replay=True, compare=True)
+    logp = response_logprobs(reference, r.prompt_ids, r.prompt_mask, r.response_ids, r.response_mask)
     tap.clear()
     expected, _ = policy_loss(logp, logp.detach(), batch.advantages, batch.loss_mask,
-                              num_sequences=batch.size, num_tokens=int(batch.loss_mask.sum()), max_response_len=5,
-                              rollout_logp=batch.rollout_logprobs, **SETTINGS)
-    metrics = learner.update(batch, ppo_epochs=1, micro_batch_size=8, temperature=1.0, max_response_len=5,
-                             loss_settings=SETTINGS)
-    assert metrics["loss"] == pytest.approx(expected.item(), abs=1e-7)
+                              num_sequences=batch.size, num_tokens=int(batch.loss_mask.sum()),
+                              rollout_logp=r.logprobs, **asdict(SETTINGS))
+    stats = learner.update(batch, SETTINGS, lr=3e-2)
+    assert stats.loss == pytest.approx(expected.item(), abs=1e-7)
     # the log-probs themselves (at ratio 1 the loss's value does not depend on them)
-    gap = (logp.detach() - batch.rollout_logprobs).abs()[batch.response_mask.bool()]
+    gap = (logp.detach() - r.logprobs).abs()[r.response_mask.bool()]
     assert gap.mean() > 1e-3  # the engine's random routes are not the model's own
-    assert metrics["logprob_diff_mean"] == pytest.approx(gap.mean().item(), rel=1e-5)
-    assert metrics["moe/routing_drift"] == 0.0 and metrics["moe/router_drift"] > 0.5  # random routes
+    assert stats.logprob_diff_mean == pytest.approx(gap.mean().item(), rel=1e-5)
+    assert stats.routing.routing_drift == 0.0 and stats.routing.router_drift > 0.5  # random routes
 
 
 def test_the_load_balancing_loss_is_added_with_its_coefficient():
     plain, balanced = moe_learner(), moe_learner(router_aux_loss_coef=0.1)
     batch = moe_batch(plain.model)
-    a = plain.update(batch, ppo_epochs=1, micro_batch_size=8, temperature=1.0, max_response_len=5,
-                     loss_settings=SETTINGS)
-    b = balanced.update(batch, ppo_epochs=1, micro_batch_size=8, temperature=1.0, max_response_len=5,
-                        loss_settings=SETTINGS)
-    assert a["moe/load_balance_loss"] == pytest.approx(b["moe/load_balance_loss"])
-    assert a["moe/load_balance_loss"] > 0
+    a = plain.update(batch, SETTINGS, lr=3e-2)
+    b = balanced.update(batch, SETTINGS, lr=3e-2)
+    assert a.routing.load_balance_loss == pytest.approx(b.routing.load_balance_loss)
+    assert a.routing.load_balance_loss > 0
     # one pass: the loss term is the step's load balance
-    assert b["loss"] - a["loss"] == pytest.approx(0.1 * a["moe/load_balance_loss"], rel=1e-4)
+    assert b.loss - a.loss == pytest.approx(0.1 * a.routing.load_balance_loss, rel=1e-4)
     assert any(not torch.equal(p, q) for (_, p), q in zip(plain.model.named_parameters(),
                                                           balanced.model.parameters()))
 
 
 def test_the_load_balance_metric_does_not_depend_on_the_micro_batches():
-    metrics = [moe_learner().update(moe_batch(qwen3_moe()), ppo_epochs=1, micro_batch_size=size, temperature=1.0,
-                                    max_response_len=5, loss_settings=SETTINGS) for size in (8, 3)]
-    for key in ("moe/load_balance_loss", "moe/expert_load_cv", *(f"moe/expert_tokens/{e}" for e in range(8))):
-        assert metrics[0][key] == pytest.approx(metrics[1][key], rel=1e-6), key
+    stats = [moe_learner(micro_batch_size=size).update(moe_batch(qwen3_moe()), SETTINGS, lr=3e-2).routing
+             for size in (8, 3)]
+    for key in ("load_balance_loss", "expert_load_cv", "expert_tokens"):
+        assert getattr(stats[0], key) == pytest.approx(getattr(stats[1], key), rel=1e-6), key
 
 
 def test_a_dense_model_has_no_routers_and_replay_is_refused():
@@ -212,14 +213,13 @@ def test_a_dense_model_has_no_routers_and_replay_is_refused():
     dense = Qwen2ForCausalLM(Qwen2Config(vocab_size=32, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=1))
     assert find_routers(dense) == []
-    with pytest.raises(ValueError, match="mixture-of-experts"):
-        Learner(dense, lr=1e-3, weight_decay=0.0, betas=(0.9, 0.999), eps=1e-8, max_grad_norm=1.0,
-                routing_replay=True)
+    with pytest.raises(ConfigError, match="mixture-of-experts"):
+        Policy(dense, routing_replay=True)
 
 
 @pytest.mark.parametrize("max_batch_size", [16, 3])  # 3: rollouts of different widths are concatenated
 def test_the_hf_engine_returns_the_routes_a_full_forward_pass_picks(max_batch_size):
-    from rlft.rollout.base import SamplingParams
+    from rlft.types import SamplingParams
     from rlft.rollout.hf_engine import HFEngine
     engine = HFEngine(qwen3_moe(), pad_id=0, eos_ids=[1], seed=0, max_batch_size=max_batch_size, return_routes=True)
     prompts = [[5, 6, 7], [8, 9, 10, 11, 12], [13, 14]]
@@ -245,22 +245,21 @@ def test_the_hf_engine_returns_the_routes_a_full_forward_pass_picks(max_batch_si
 @PACKED
 def test_replay_under_gradient_checkpointing_gives_the_same_update(padding_free):
     """The backward recompute of a checkpointed layer runs the routers again: it must replay too."""
-    plain, checkpointed = (moe_learner(routing_replay=True, padding_free=padding_free) for _ in range(2))
+    plain, checkpointed = (moe_learner(routing_replay=True, padding_free=padding_free, ppo_epochs=3, micro_batch_size=4)
+                           for _ in range(2))
     checkpointed.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     batch = moe_batch(plain.model)
-    a = plain.update(batch, ppo_epochs=3, micro_batch_size=4, temperature=1.0, max_response_len=5,
-                     loss_settings=SETTINGS)
-    b = checkpointed.update(batch, ppo_epochs=3, micro_batch_size=4, temperature=1.0, max_response_len=5,
-                            loss_settings=SETTINGS)
-    assert a["moe/router_drift"] > 0 and b["moe/routing_drift"] == 0.0
-    assert b["loss"] == pytest.approx(a["loss"], abs=1e-6)
+    a = plain.update(batch, SETTINGS, lr=3e-2)
+    b = checkpointed.update(batch, SETTINGS, lr=3e-2)
+    assert a.routing.router_drift > 0 and b.routing.routing_drift == 0.0
+    assert b.loss == pytest.approx(a.loss, abs=1e-6)
     for (name, p), q in zip(plain.model.named_parameters(), checkpointed.model.parameters()):
         assert torch.allclose(p, q, atol=1e-5), name
 
 
 def test_engine_routes_are_placed_like_the_padded_tokens():
     """vLLM's layout: per request, prompt then response tokens, the last sampled one missing."""
-    from rlft.rollout.base import place_routes
+    from rlft.rollout.batching import place_routes
     prompt_lens, response_lens = [2, 4], [3, 1]
     per_request = [torch.arange(p + r - 1).view(-1, 1, 1).expand(-1, 2, 2) + 10 * i
                    for i, (p, r) in enumerate(zip(prompt_lens, response_lens))]

@@ -1,7 +1,10 @@
 import pytest
 
-from rlft.config import AlgoConfig, EpsHighSchedule, RunConfig, TrainerConfig
-from rlft.trainer import describe_batch, eps_high_at, lr_at, steps_for
+from rlft.algos.settings import eps_high_at, lr_at
+from rlft.config.algo import AlgoConfig, EpsHighSchedule
+from rlft.config.compose import compose, to_run_config
+from rlft.config.run import TrainerConfig
+from rlft.preflight import Prepared, describe_run, steps_for
 
 
 def test_lr_warms_up_linearly_then_stays():
@@ -18,9 +21,14 @@ def test_eps_high_is_constant_or_follows_its_schedule():
 
 
 def test_batch_description_uses_the_one_vocabulary():
-    cfg = RunConfig()
-    cfg.trainer.prompts_per_step, cfg.algo.group_size, cfg.algo.ppo_epochs = 16, 4, 2
-    text = describe_batch(cfg, train_size=800, eval_size=50, micro_batch=24, start_step=0)
+    dcfg, choices = compose(["trainer.prompts_per_step=16", "algo.group_size=4", "algo.ppo_epochs=2",
+                             "compute.micro_batch_size=24"])
+    cfg = to_run_config(dcfg, choices)
+
+    class Encode:
+        chat = False
+    prepared = Prepared("path", None, Encode(), train=[None] * 800, held_out=[None] * 50, scorer=None, steps=100)
+    text = describe_run(cfg, prepared, start_step=0)
     assert "16 prompts/step x group_size 4 = 64 responses/step (<= 512 response tokens)" in text
     assert "micro_batch_size 24 -> 3 forward/backward per optimizer step" in text
     assert "ppo_epochs 2 -> 2 optimizer step(s)/step, 200 in all" in text

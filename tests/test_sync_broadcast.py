@@ -7,7 +7,7 @@ import torch.multiprocessing as mp
 from conftest import free_port
 from safetensors.torch import load_file, save_file
 
-from rlft.sync.broadcast import TensorSpec, WeightBroadcaster, open_sync_group, plan_buckets
+from rlft.distributed.broadcast import TensorSpec, WeightBroadcaster, open_sync_group, plan_buckets
 
 
 def weights(seed: int) -> dict[str, torch.Tensor]:

@@ -37,9 +37,10 @@ def test_a_tiny_run_writes_metrics_checkpoints_and_a_loadable_final_model(rlft, 
     for key in ("train/loss", "train/kl_ref", "train/clip_frac", "train/reward_mean", "rollout/response_len_mean",
                 "rollout/logprob_diff_mean", "sync/seconds", "sync/bytes", "perf/peak_rss_mb", "perf/generate_seconds",
                 "perf/reward_seconds", "perf/ref_seconds", "perf/forward_seconds", "perf/backward_seconds",
-                "perf/optimizer_seconds"):
+                "perf/optimizer_seconds", "train/lr", "train/eps_high"):
         assert key in train_rows[0], key
     assert train_rows[0]["rollout/logprob_diff_mean"] < 1e-4  # engine and learner agree on the same weights
+    assert [r["train/eps_high"] for r in train_rows] == [0.2] * 4  # the bound in use (constant without a schedule)
     assert all(r["rollout/staleness"] == 0 for r in train_rows)  # on-policy unless rollout.async_steps=1
     assert (run / "checkpoints" / "latest").read_text() == "step_000004"
     state = json.loads((run / "checkpoints" / "step_000004" / "trainer_state.json").read_text())
@@ -190,8 +191,8 @@ def test_routing_replay_on_the_moe_model_leaves_no_drift(rlft, tmp_path, source)
     for replay in ("false", "true"):
         run = tmp_path / replay
         rlft("train", f"hydra.run.dir={run}", *TINY_RUN, "model=tiny_moe", "trainer.steps=3", "trainer.eval_every=3",
-             "algo.ppo_epochs=3", "algo.micro_batch_size=8", "optim.lr=1e-3", f"algo.routing_replay={replay}",
-             f"algo.routing_source={source}")
+             "algo.ppo_epochs=3", "compute.micro_batch_size=8", "optim.lr=1e-3",
+             f"algo.routing_replay={source if replay == 'true' else 'false'}")
         rows = [r for r in read_metrics(run) if r.get("kind") != "eval"]
         drift[replay] = [(r["moe/routing_drift"], r["moe/router_drift"]) for r in rows]
         assert all(r["moe/load_balance_loss"] > 0 and sum(r[f"moe/expert_tokens/{e}"] for e in range(8)) > 0

@@ -9,16 +9,16 @@ import copy
 
 import pytest
 import torch
+from conftest import push_weights
 
 from rlft.algos.advantages import group_advantages
 from rlft.data.arithmetic import addition_problem
-from rlft.learner.learner import Learner, TrainBatch
 from rlft.learner.logprobs import response_logprobs
+from rlft.learner.policy import Policy
 from rlft.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
-from rlft.rollout.base import SamplingParams
 from rlft.rollout.hf_engine import HFEngine
 from rlft.rollout.vllm_engine import vllm_available
-from rlft.sync import push_weights
+from rlft.types import LossSettings, SamplingParams, TrainBatch
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not vllm_available(), reason="vLLM not installed (make setup-vllm)")]
@@ -86,17 +86,12 @@ def test_after_a_training_step_and_a_sync_vllm_follows_the_learner(parts):
     before = texts(tokenizer, engine.generate(prompts, GREEDY))
     rollout = engine.generate(prompts[:8], SamplingParams(n=4, temperature=1.0, max_new_tokens=6))
     rewards = torch.rand(32, generator=torch.Generator().manual_seed(0))
-    learner = Learner(load_causal_lm(path, "float32", "cpu"), lr=3e-3, weight_decay=0.0, betas=(0.9, 0.999),
-                      eps=1e-8, max_grad_norm=1e9)
-    batch = TrainBatch(prompt_ids=rollout.prompt_ids, prompt_mask=rollout.prompt_mask,
-                       response_ids=rollout.response_ids, response_mask=rollout.response_mask,
-                       loss_mask=rollout.response_mask, advantages=group_advantages(rewards, 4),
-                       rollout_logprobs=rollout.logprobs, ref_logprobs=None)
-    learner.update(batch, ppo_epochs=1, micro_batch_size=32, temperature=1.0, max_response_len=6,
-                   loss_settings=dict(ratio_level="token", eps_low=0.2, eps_high=0.2, clip_ratio_c=None,
-                                      loss_agg="token_mean", kl_coef=0.0, kl_estimator="k3", tis_cap=None))
-    stats = push_weights(learner.model, engine)
-    assert stats.bytes == sum(p.numel() * 4 for p in learner.model.parameters())
+    learner = Policy(load_causal_lm(path, "float32", "cpu"), max_grad_norm=1e9)
+    batch = TrainBatch(rollout, advantages=group_advantages(rewards, 4), loss_mask=rollout.response_mask)
+    learner.update(batch, LossSettings(ratio_level="token", eps_low=0.2, eps_high=0.2, clip_ratio_c=None,
+                                       loss_agg="token_mean", max_response_len=6), lr=3e-3)
+    sent = push_weights(learner.model, engine)
+    assert sent == sum(p.numel() * 4 for p in learner.model.parameters())
     after = engine.generate(prompts, GREEDY)
     assert texts(tokenizer, after) == texts(tokenizer, hf_engine(learner.model, tokenizer).generate(prompts, GREEDY))
     assert texts(tokenizer, after) != before
@@ -192,7 +187,7 @@ def test_a_moe_model_syncs_exactly_into_vllm():
 
 
 def test_the_routed_experts_api_rlft_uses_on_gpus_is_there():
-    """algo.routing_source=rollout with vLLM runs on GPUs only (Model Runner V2); this guards its API here."""
+    """algo.routing_replay=rollout with vLLM runs on GPUs only (Model Runner V2); this guards its API here."""
     import dataclasses
 
     from vllm.engine.arg_utils import EngineArgs

@@ -1,27 +1,49 @@
-"""Group-relative advantages (ALGORITHMS.md, "Advantages")."""
+"""Group-relative advantages (ALGORITHMS.md, "Advantages"), registered by name: `algo.scale_rewards`
+picks one. Each takes the [N] rewards, the responses to one prompt `group_size` adjacent entries, and
+returns one advantage per response."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
+
+from rlft.registry import Registry
 
 STD_EPS = 1e-6
 
+ADVANTAGES: Registry[Callable[[torch.Tensor, int], torch.Tensor]] = Registry("advantage estimator")
 
-def group_advantages(rewards: torch.Tensor, group_size: int, scale_rewards: str = "group") -> torch.Tensor:
-    """One advantage per response; the responses to one prompt are `group_size` adjacent entries.
 
-    group: (R - group mean) / (unbiased group std + eps)        GRPO, arXiv 2402.03300
-    batch: (R - group mean) / (unbiased std of the whole batch + eps)
-    none:  R - group mean                                        Dr. GRPO, arXiv 2503.20783
-    """
+def _grouped(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     if rewards.ndim != 1 or rewards.numel() % group_size:
         raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
-    grouped = rewards.view(-1, group_size)                                  # [prompts, G]
+    return rewards.view(-1, group_size)                                     # [prompts, G]
+
+
+@ADVANTAGES.register("group")
+def group_normalised(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(R - group mean) / (unbiased group std + eps): GRPO, arXiv 2402.03300."""
+    grouped = _grouped(rewards, group_size)
     centred = grouped - grouped.mean(dim=1, keepdim=True)
-    if scale_rewards == "group":
-        centred = centred / (grouped.std(dim=1, unbiased=True, keepdim=True) + STD_EPS)
-    elif scale_rewards == "batch":
-        centred = centred / (rewards.std(unbiased=True) + STD_EPS)
-    elif scale_rewards != "none":
-        raise ValueError(f"scale_rewards must be group, batch or none, not '{scale_rewards}'")
-    return centred.reshape(-1)
+    return (centred / (grouped.std(dim=1, unbiased=True, keepdim=True) + STD_EPS)).reshape(-1)
+
+
+@ADVANTAGES.register("batch")
+def batch_normalised(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(R - group mean) / (unbiased std of the whole batch + eps)."""
+    grouped = _grouped(rewards, group_size)
+    centred = grouped - grouped.mean(dim=1, keepdim=True)
+    return (centred / (rewards.std(unbiased=True) + STD_EPS)).reshape(-1)
+
+
+@ADVANTAGES.register("none")
+def group_centred(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """R - group mean: Dr. GRPO, arXiv 2503.20783."""
+    grouped = _grouped(rewards, group_size)
+    return (grouped - grouped.mean(dim=1, keepdim=True)).reshape(-1)
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int, scale_rewards: str = "group") -> torch.Tensor:
+    """One advantage per response with the registered estimator `scale_rewards`."""
+    return ADVANTAGES[scale_rewards](rewards, group_size)

@@ -1,4 +1,5 @@
-"""Datasets: the train and held-out problem lists a run uses (`data.name`)."""
+"""Datasets: the train and held-out problem lists of a run's `data` option (each schema of rlft.config.data
+names its task)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,12 @@ import random
 from rlft.data.arithmetic import split_problems
 from rlft.data.countdown import countdown_split
 from rlft.data.multistep import multistep_split
-from rlft.data.types import Problem
 from rlft.errors import ConfigError
-
-TASKS = ("arithmetic", "countdown", "multistep", "reasoning_gym", "humaneval", "dataset")
+from rlft.types import Problem
 
 
 def load_task(cfg) -> tuple[list[Problem], list[Problem]]:
-    """(train, held_out) for a DataConfig."""
+    """(train, held_out) for a data option's config."""
     if cfg.name == "arithmetic":
         try:
             return split_problems(cfg.min_operand, cfg.max_operand, cfg.eval_size, cfg.split_seed)
@@ -30,14 +29,14 @@ def load_task(cfg) -> tuple[list[Problem], list[Problem]]:
     if cfg.name == "humaneval":
         from rlft.data.humaneval import humaneval_problems
         return split_off(humaneval_problems(), cfg.eval_size, cfg.split_seed, "HumanEval")
-    if cfg.name == "dataset":
-        from rlft.data.files import load_problems
-        train = load_problems(cfg.path, cfg.split, cfg.prompt_key, cfg.answer_key, cfg.map_fn)
-        if cfg.eval_path or cfg.eval_split:
-            return train, load_problems(cfg.eval_path or cfg.path, cfg.eval_split or cfg.split, cfg.prompt_key,
-                                        cfg.answer_key, cfg.map_fn)
-        return split_off(train, cfg.eval_size, cfg.split_seed, cfg.path)
-    raise ConfigError(f"data.name='{cfg.name}' is not one of: {', '.join(TASKS)}")
+    if cfg.name != "dataset":
+        raise ValueError(f"no loader for data option '{cfg.name}'")
+    from rlft.data.files import load_problems
+    train = load_problems(cfg.path, cfg.split, cfg.prompt_key, cfg.answer_key, cfg.map_fn)
+    if cfg.eval_path or cfg.eval_split:
+        return train, load_problems(cfg.eval_path or cfg.path, cfg.eval_split or cfg.split, cfg.prompt_key,
+                                    cfg.answer_key, cfg.map_fn)
+    return split_off(train, cfg.eval_size, cfg.split_seed, cfg.path)
 
 
 def split_off(rows: list[Problem], eval_size: int, seed: int, source: str) -> tuple[list[Problem], list[Problem]]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 
-from rlft.data.types import Problem
+from rlft.types import Problem
 
 
 def addition_problem(a: int, b: int) -> Problem:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import random
 from fractions import Fraction
 
-from rlft.data.types import Problem, draw_unique
+from rlft.data.unique import draw_unique
+from rlft.types import Problem
 
 PROMPT = ("Using the numbers {numbers}, make {target}. Use each number exactly once, with + - * / and "
           "parentheses. Think inside <think></think>, then give only the expression inside <answer></answer>.")

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterator
 
-from rlft.data.types import Problem
+from rlft.types import Problem
 from rlft.errors import ConfigError
 from rlft.registry import import_function
 

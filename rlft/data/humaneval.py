@@ -5,7 +5,7 @@ reward runs the problem's tests on it in a sandbox (rlft.rewards.sandbox)."""
 
 from __future__ import annotations
 
-from rlft.data.types import Problem
+from rlft.types import Problem
 
 
 def humaneval_problems() -> list[Problem]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import random
 
-from rlft.data.types import Problem, draw_unique
+from rlft.data.unique import draw_unique
+from rlft.types import Problem
 
 PROMPT = ("Compute {expression}. Work it out step by step inside <think></think>, then give only the number "
           "inside <answer></answer>.")

@@ -3,7 +3,7 @@ optional system prompt, then the assistant's turn opened), else the plain text."
 
 from __future__ import annotations
 
-from rlft.data.types import Problem
+from rlft.types import Problem
 from rlft.errors import ConfigError
 
 
@@ -14,6 +14,9 @@ class PromptEncoder:
             raise ConfigError("data.chat_template=true, but the model's tokenizer has no chat template")
         self.tokenizer, self.system_prompt = tokenizer, system_prompt
         self.chat = has_template if chat_template is None else chat_template
+        if system_prompt and not self.chat:
+            raise ConfigError("data.system_prompt goes into the chat template, but this run renders plain prompts "
+                              "(the model's tokenizer has no chat template, or data.chat_template=false)")
 
     def __call__(self, prompt: str) -> list[int]:
         if not self.chat:

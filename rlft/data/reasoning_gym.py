@@ -3,7 +3,7 @@ weight. Each problem keeps its entry, so the `reasoning_gym` reward scores with 
 
 from __future__ import annotations
 
-from rlft.data.types import Problem
+from rlft.types import Problem
 from rlft.errors import ConfigError
 
 ANSWER_FORMAT = " Give only the final answer inside <answer></answer>."

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from rlft.data.types import Problem
+from rlft.types import Problem
 
 
 class PromptSampler:

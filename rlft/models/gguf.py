@@ -37,7 +37,7 @@ def convert_gguf(source: str, gguf_file: str, out: Path | None = None, dtype: st
     folder = Path(source).expanduser()
     if folder.is_dir():
         if not (folder / gguf_file).is_file():
-            raise ConfigError(f"model.gguf_file '{gguf_file}' is not in {source}")
+            raise ConfigError(f"model.path: no GGUF file '{gguf_file}' in {source}")
         source = str(folder)
     out = out or converted_folder(source, gguf_file)
     if (out / "config.json").is_file():
@@ -47,7 +47,7 @@ def convert_gguf(source: str, gguf_file: str, out: Path | None = None, dtype: st
         model = AutoModelForCausalLM.from_pretrained(source, gguf_file=gguf_file, dtype=getattr(torch, dtype),
                                                      quantization_config=GgufConfig(dequantize=True))
     except Exception as err:  # a truncated or foreign file fails deep in the reader, in many ways
-        raise ConfigError(f"model.gguf_file '{gguf_file}' in {source}: cannot load it "
+        raise ConfigError(f"model.path '{source}/{gguf_file}': cannot load it as a GGUF model "
                           f"({type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''})") from None
     tmp = out.with_name(out.name + ".tmp")
     model.save_pretrained(tmp)

@@ -23,12 +23,10 @@ def builtin_models() -> list[str]:
     return sorted(p.name.replace("_", "-") for p in BUILTIN_DIR.iterdir() if (p / "config.json").exists())
 
 
-def resolve_model_path(path: str, gguf_file: str | None = None) -> str:
+def resolve_model_path(path: str) -> str:
     """A loadable path or hub id; raises ConfigError naming the problem for a missing local model.
-    With `gguf_file`, the Hugging Face folder of that GGUF file (converted on first use, rlft.models.gguf)."""
-    if gguf_file is not None:
-        from rlft.models.gguf import convert_gguf
-        return str(convert_gguf(path, gguf_file))
+    A GGUF file (FOLDER/FILE.gguf, or ORG/REPO/FILE.gguf on the hub) becomes the Hugging Face folder of
+    its conversion (done on first use, rlft.models.gguf)."""
     if path.startswith(BUILTIN_PREFIX):
         name = path[len(BUILTIN_PREFIX):]
         folder = BUILTIN_DIR / name.replace("-", "_")
@@ -37,17 +35,26 @@ def resolve_model_path(path: str, gguf_file: str | None = None) -> str:
                               f"(available: {', '.join(BUILTIN_PREFIX + m for m in builtin_models())})")
         return str(folder)
     expanded = os.path.expanduser(path)
+    if expanded.endswith(".gguf"):
+        from rlft.models.gguf import convert_gguf
+        source, _, file = expanded.rpartition("/")
+        if os.path.isfile(expanded) or _looks_local(path):
+            if not os.path.isfile(expanded):
+                raise ConfigError(f"model.path '{path}': no such GGUF file")
+            return str(convert_gguf(source or ".", file))
+        return str(convert_gguf(source, file))  # ORG/REPO/FILE.gguf on the hub
     if os.path.exists(expanded):
-        if expanded.endswith(".gguf"):
-            raise ConfigError(f"model.path '{path}' is a GGUF file: use model.path=<its folder> "
-                              f"model.gguf_file={os.path.basename(expanded)}")
         if not os.path.isfile(os.path.join(expanded, "config.json")):
             raise ConfigError(f"model.path '{path}' has no config.json: not a Hugging Face model folder")
         return expanded
-    if path.startswith(("/", ".", "~")) or path.count("/") > 1:
+    if _looks_local(path) or path.count("/") > 1:
         hint = " (make it with scripts/fetch_smollm2.py, or: make smollm2)" if "smollm2" in path else ""
         raise ConfigError(f"model.path '{path}' does not exist{hint}")
     return path  # a hub id such as 'org/name'
+
+
+def _looks_local(path: str) -> bool:
+    return path.startswith(("/", ".", "~"))
 
 
 def load_tokenizer(path: str) -> PreTrainedTokenizerBase:

@@ -20,15 +20,18 @@ def final_answer(completion: str) -> str:
     return lines[-1] if lines else ""
 
 
+THINK_ANSWER = r"<think>.*?</think>\s*<answer>.*?</answer>"
+
+
 @REWARDS.register("format")
-def format_reward(completion: str, format_pattern: str) -> float:
+def format_reward(completion: str, format_pattern: str = THINK_ANSWER) -> float:
     """1.0 when the whole completion (whitespace stripped) matches the pattern (`reward.format_pattern`,
     by default reasoning in <think> tags, then the answer in <answer> tags)."""
     return float(re.fullmatch(format_pattern, completion.strip(), flags=re.DOTALL) is not None)
 
 
 @REWARDS.register("length_penalty")
-def length_penalty(response_tokens: int, max_response_tokens: int, length_target: int | None) -> float:
+def length_penalty(response_tokens: int, max_response_tokens: int, length_target: int | None = None) -> float:
     """0 up to `length_target` tokens (null: half of rollout.max_new_tokens), then falling linearly to -1
     at max_new_tokens: a nudge towards shorter answers, added to the task reward."""
     target = max_response_tokens // 2 if length_target is None else length_target
@@ -117,8 +120,8 @@ CODE_STOPS = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\nasser
 
 
 @REWARDS.register("code_tests")
-def code_tests(prompt: str, completion: str, test: str, entry_point: str, sandbox_timeout_s: float,
-               sandbox_memory_mb: int) -> float:
+def code_tests(prompt: str, completion: str, test: str, entry_point: str, sandbox_timeout_s: float = 10.0,
+               sandbox_memory_mb: int = 1024) -> float:
     """1.0 when prompt + completion passes the problem's tests (HumanEval's `check(entry_point)`), run in a
     sandboxed subprocess (rlft.rewards.sandbox) with time, memory and process limits; 0.0 otherwise."""
     from rlft.rewards.sandbox import run_python

@@ -8,23 +8,18 @@ and the sample (`reward.on_error=raise`), or scores 0 and is counted (`reward.on
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import os
 from typing import Any
 
 import torch
 
-from rlft.data.types import Problem
 from rlft.errors import ConfigError, RewardError
 from rlft.rewards import call_reward, is_import_path, resolve_reward
 from rlft.rewards.pool import Outcome, RewardPool
+from rlft.types import Problem, Scores
 
-
-@dataclass
-class Scores:
-    total: torch.Tensor               # [N] the weighted sum
-    correct: torch.Tensor             # [N] 1.0 where reward.accuracy gives full marks
-    parts: dict[str, torch.Tensor]    # name -> [N] each function's (or dict part's) unweighted value
-    errors: int                       # calls that raised or timed out (scored 0 with on_error=zero)
+# Reward settings an option's schema may have (rlft.config.reward), passed to the functions that name them
+SETTINGS = ("format_pattern", "length_target", "sandbox_timeout_s", "sandbox_memory_mb")
 
 
 class RewardScorer:
@@ -39,11 +34,11 @@ class RewardScorer:
         self.accuracy = cfg.accuracy
         self.accuracy_fn = resolve_reward(cfg.accuracy)
         self.on_error = cfg.on_error
-        self.settings = {"format_pattern": cfg.format_pattern, "length_target": cfg.length_target,
-                         "max_response_tokens": max_response_tokens, "sandbox_timeout_s": cfg.sandbox_timeout_s,
-                         "sandbox_memory_mb": cfg.sandbox_memory_mb}
+        self.settings = {key: getattr(cfg, key) for key in SETTINGS if hasattr(cfg, key)}
+        self.settings["max_response_tokens"] = max_response_tokens
         uses_pool = any(is_import_path(n) for n in names + [cfg.accuracy])
-        self.pool = RewardPool(cfg.workers, cfg.timeout_s) if uses_pool else None
+        # CPU-bound Python: a worker per core, up to 4 (each is a spawned interpreter importing the user's module)
+        self.pool = RewardPool(min(4, len(os.sched_getaffinity(0))), cfg.timeout_s) if uses_pool else None
 
     def score(self, problems: list[Problem], completions: list[str], response_tokens: list[int]) -> Scores:
         """`problems[i]` is the problem `completions[i]` answers."""

@@ -13,7 +13,9 @@ from typing import Iterable
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from rlft.rollout.base import Rollout, SamplingParams, concat_rollouts, left_pad, place_routes
+from rlft.models.routing import RouteRecorder
+from rlft.rollout.batching import left_pad, place_routes
+from rlft.types import Rollout, SamplingParams
 
 
 class HFEngine:
@@ -27,7 +29,6 @@ class HFEngine:
         self._tensors = dict(model.named_parameters()) | dict(model.named_buffers())
         self.routes = None
         if return_routes:  # MoE: the experts of every prefill and decode step, for routing replay (R3)
-            from rlft.learner.routing import RouteRecorder
             self.routes = RouteRecorder(model)
             if not self.routes.routers:
                 raise ValueError("return_routes needs a mixture-of-experts model; this one has no MoE routers")
@@ -37,7 +38,7 @@ class HFEngine:
         requests = [p for p in prompts for _ in range(params.n)]
         chunks = [self._generate(requests[i:i + self.max_batch_size], params)
                   for i in range(0, len(requests), self.max_batch_size)]
-        return chunks[0] if len(chunks) == 1 else concat_rollouts(chunks, self.pad_id)
+        return Rollout.concat(chunks, self.pad_id)
 
     def _generate(self, requests: list[list[int]], params: SamplingParams) -> Rollout:
         device = self.model.device
@@ -118,6 +119,9 @@ class HFEngine:
             if name not in self._tensors:
                 raise KeyError(f"engine has no weight named '{name}'")
             self._tensors[name].copy_(tensor)
+
+    def sleep(self) -> None:
+        """Nothing to release: the engine's memory is its model's."""
 
     def rng_state(self) -> torch.Tensor:
         return self.generator.get_state()

@@ -16,7 +16,8 @@ from typing import Iterable
 
 import torch
 
-from rlft.rollout.base import Rollout, SamplingParams, left_pad, place_routes, right_pad
+from rlft.rollout.batching import left_pad, place_routes, right_pad
+from rlft.types import Rollout, SamplingParams
 
 
 INSTALL_HINT = ("rollout=vllm needs vLLM installed: `make setup-vllm` (CPU build) or "
@@ -72,7 +73,7 @@ class VLLMEngine:
     def _join_broadcast_group(self, host: str, workers: int) -> None:
         """Learner = rank 0, vLLM's workers = ranks 1..workers. A worker call blocks until the collective
         it starts completes, so the engine's side runs on a thread while this one takes part as sender."""
-        from rlft.sync.broadcast import WeightBroadcaster, free_port, open_sync_group
+        from rlft.distributed.broadcast import WeightBroadcaster, free_port, open_sync_group
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         port = free_port(host)
         self._rpc_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlft-vllm-sync")
@@ -122,7 +123,7 @@ class VLLMEngine:
         else:
             from safetensors.torch import save as to_safetensors
 
-            from rlft.sync.broadcast import TensorSpec, plan_buckets
+            from rlft.distributed.broadcast import TensorSpec, plan_buckets
             specs = [TensorSpec(n, tuple(t.shape), t.dtype) for n, t in named]
             for bucket in plan_buckets(specs, self.bucket_bytes):
                 blob = to_safetensors({named[i][0]: named[i][1].cpu().contiguous() for i in bucket})

@@ -4,7 +4,7 @@ In process, tensors are handed over as they are. With the engine core in its own
 arguments are serialised: weights travel as safetensors bytes (compact, dtype-exact) and accumulate until
 `rlft_apply_weights`, so vLLM's in-place reload sees one complete set of weights, as it expects. Or
 (weight_sync=broadcast) the worker joins a torch.distributed group with the learner and receives the
-buckets by broadcast (rlft.sync.broadcast): NCCL between GPUs, gloo on CPU.
+buckets by broadcast (rlft.distributed.broadcast): NCCL between GPUs, gloo on CPU.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class WeightReceiver:
         return self.rlft_load_weights(self.__dict__.pop("_rlft_pending", []))
 
     def rlft_join_sync_group(self, host: str, port: int, world_size: int, backend: str, bucket_bytes: int) -> int:
-        from rlft.sync.broadcast import WeightBroadcaster, open_sync_group
+        from rlft.distributed.broadcast import WeightBroadcaster, open_sync_group
         rank = 1 + self.rank  # the learner is rank 0; tensor-parallel workers follow it
         group = open_sync_group(host, port, rank, world_size, backend)
         self._rlft_broadcaster = WeightBroadcaster(group, src=0, bucket_bytes=bucket_bytes, device=self.device)

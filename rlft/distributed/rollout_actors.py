@@ -1,5 +1,5 @@
-"""Rollout workers as Ray actors (hardware.ray): each RolloutActor holds one engine (HF or vLLM, as
-rollout.engine says); RemoteEngine is the driver's RolloutEngine over them.
+"""Rollout workers as Ray actors: each RolloutActor holds the engine its factory builds (HF or vLLM, as the
+rollout option says); RemoteEngine is the driver's rlft.types.RolloutEngine over them.
 
 A step's prompts are split between the workers and their rollouts joined in order. Weights arrive by
 broadcast from learner rank 0 (RemoteLearner.push_weights) and each worker hands them to its engine.
@@ -13,15 +13,14 @@ from __future__ import annotations
 import itertools
 import os
 import sys
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 
-from rlft.cluster import ActorLost, actor_options, prepare_actor_process, wait_all
-from rlft.config import RunConfig
+from rlft.distributed.placement import ActorLost, ActorSetup, actor_options, prepare_actor_process, wait_all
+from rlft.distributed.ranks import rank_rows
 from rlft.errors import WorkerDied
-from rlft.learner.learner import rank_rows
-from rlft.rollout.base import Rollout, SamplingParams, concat_rollouts
+from rlft.types import Rollout, SamplingParams
 
 # Test hooks: the first incarnation of rollout worker RLFT_FAULT_ROLLOUT_WORKER (default 0) exits at its
 # generate call number RLFT_FAULT_ROLLOUT_EXIT_AT_CALL (the held-out evaluation at step 0 is call 1), or
@@ -32,16 +31,12 @@ FAULT_WORKER = "RLFT_FAULT_ROLLOUT_WORKER"
 
 
 class RolloutActor:
-    def __init__(self, cfg: RunConfig, model_path: str, index: int, incarnation: int):
-        from rlft.models.loading import load_tokenizer
-        from rlft.rollout import build_engine
-        prepare_actor_process(cfg)
-        self.device = cfg.hardware.device
+    def __init__(self, setup: ActorSetup, make_engine: Callable, index: int, incarnation: int):
+        prepare_actor_process(setup.threads)
+        self.device = str(setup.hardware.device)
         self.index, self.incarnation, self.calls, self.syncs = index, incarnation, 0, 0
-        tokenizer = load_tokenizer(model_path)
         # worker 0 samples with the run's seed, as the one engine of hardware=cpu does
-        self.engine = build_engine(cfg.rollout, model_path, cfg.model.dtype, self.device, tokenizer,
-                                   seed=cfg.seed + index, return_routes=cfg.algo.routing_source == "rollout")
+        self.engine = make_engine(seed=setup.seed + index)
         self.receiver = None
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> tuple[Rollout, torch.Tensor]:
@@ -61,7 +56,7 @@ class RolloutActor:
         self.engine.set_rng_state(state)
 
     def join_sync_group(self, host: str, port: int, rank: int, world: int, bucket_bytes: int) -> None:
-        from rlft.sync.broadcast import join_broadcast
+        from rlft.distributed.broadcast import join_broadcast
         self.receiver = join_broadcast(host, port, rank, world, self.device, bucket_bytes)
 
     def receive_weights(self) -> int:
@@ -74,19 +69,17 @@ class RolloutActor:
         return len(received)
 
     def sleep(self) -> None:
-        if hasattr(self.engine, "sleep"):
-            self.engine.sleep()
+        self.engine.sleep()
 
 
 class RemoteEngine:
     """A RolloutEngine whose work runs on `hardware.rollout_workers` actors."""
 
-    def __init__(self, cfg: RunConfig, model_path: str, placement_group, bundles: range, weight_source):
+    def __init__(self, setup: ActorSetup, make_engine: Callable, pad_id: int, placement_group, bundles: range,
+                 weight_source):
         import ray
-
-        from rlft.models.loading import load_tokenizer
-        self.cfg, self.model_path, self.placement_group = cfg, model_path, placement_group
-        self.pad_id = load_tokenizer(model_path).pad_token_id
+        self.setup, self.make_engine, self.placement_group = setup, make_engine, placement_group
+        self.pad_id = pad_id
         self.bundles = list(bundles)
         self.actor = ray.remote(RolloutActor)
         self.weight_source = weight_source  # a RemoteLearner: re-sends the weights to a replaced worker
@@ -96,9 +89,9 @@ class RemoteEngine:
         self.version = 0  # changes whenever a worker is replaced: the weight-sync group must be formed anew
 
     def _spawn(self, index: int):
-        options = actor_options(self.cfg, self.placement_group, self.bundles[index],
-                                gpus=self.cfg.hardware.gpus_per_rollout_worker)
-        return self.actor.options(**options).remote(self.cfg, self.model_path, index, self.incarnations[index])
+        options = actor_options(self.setup.hardware, self.placement_group, self.bundles[index],
+                                gpus=self.setup.hardware.gpus_per_rollout_worker)
+        return self.actor.options(**options).remote(self.setup, self.make_engine, index, self.incarnations[index])
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollout:
         shares = [rank_rows(len(prompts), i, len(self.workers)) for i in range(len(self.workers))]
@@ -112,7 +105,7 @@ class RemoteEngine:
                 self.replace(busy[lost.index], lost.error, attempt)
         for i, (_, state) in zip(busy, results):
             self.rng_states[i] = state
-        return concat_rollouts([rollout for rollout, _ in results], self.pad_id)
+        return Rollout.concat([rollout for rollout, _ in results], self.pad_id)
 
     def replace(self, index: int, error: Exception, attempt: int) -> None:
         """A fresh actor for worker `index` with the current weights; every worker back to its sampling
@@ -126,7 +119,7 @@ class RemoteEngine:
 
     def _respawn(self, indices: list[int], error: Exception, attempt: int) -> None:
         import ray
-        limit = self.cfg.hardware.max_rollout_restarts
+        limit = self.setup.hardware.max_rollout_restarts
         if attempt >= limit:
             raise WorkerDied(f"rollout workers {indices} died again after {limit} restarts in one call ({error})")
         print(f"rlft: rollout worker died ({type(error).__name__}); starting fresh worker(s) {indices} "

@@ -1,17 +1,10 @@
+"""Generated tasks draw their held-out problems first, then training ones that differ from them."""
+
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable
+from typing import Callable, Hashable
 
-
-@dataclass(frozen=True)
-class Problem:
-    """One prompt with its reference answer; reward functions compare completions to `answer`, and get
-    the row's other fields (`fields`: test code, task metadata, ...) as keyword arguments."""
-
-    prompt: str
-    answer: str
-    fields: dict[str, Any] = field(default_factory=dict, compare=False)
+from rlft.types import Problem
 
 
 def draw_unique(make: Callable[[], Problem | None], key: Callable[[Problem], Hashable], count: int,

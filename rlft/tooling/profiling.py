@@ -2,7 +2,7 @@
 
 Each profiled step writes run_dir/profile/step_NNNNNN.json (a Chrome trace: open it in Perfetto or
 chrome://tracing) and step_NNNNNN.txt (the operators taking the most time, by self time). It covers this
-process: with hardware.ray the learner and rollout actors run elsewhere, and their time shows as waiting.
+process: with a Ray hardware option the learner and rollout actors run elsewhere, and their time shows as waiting.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
-"""hardware.ray=true: the learner ranks and the rollout workers as Ray actors, placed by one placement group.
+"""The Ray options of `hardware` (cpu_ray, 8gpu, multinode): the learner ranks and the rollout workers as
+Ray actors, placed by one placement group.
 
     driver (rlft train): prompts, rewards, advantages, logging, the loop of rlft.trainer
-      |-- learner ranks (rlft.learner.remote): a torch.distributed group (NCCL on GPUs, gloo on CPU),
+      |-- learner ranks (learner_actors.py): a torch.distributed group (NCCL on GPUs, gloo on CPU),
       |     trajectories from the Ray object store, data parallel or FSDP2
-      |-- rollout workers (rlft.rollout.remote): an engine each (HF or vLLM), weights broadcast to them
-            from learner rank 0 over a group of their own (rlft.sync.broadcast)
+      |-- rollout workers (rollout_actors.py): an engine each (HF or vLLM), weights broadcast to them
+            from learner rank 0 over a group of their own (broadcast.py)
 
 Ray starts here (ray_address=null) or is joined ("auto", "host:port"). Actor output reaches the console
 and Ray's log files, linked from the run directory as ray_logs/.
@@ -13,9 +14,10 @@ and Ray's log files, linked from the run directory as ray_logs/.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
-from rlft.config import RunConfig
 from rlft.errors import ConfigError, WorkerDied
 
 # What a test or a user sets in the driver's environment and the actors need too (fault hooks, vLLM knobs).
@@ -60,36 +62,47 @@ def dead_actors(actors: list, timeout_s: float = 10.0) -> list[int]:
     return dead
 
 
-def prepare_actor_process(cfg: RunConfig) -> None:
+@dataclass(frozen=True)
+class ActorSetup:
+    """What every actor of a run is started with."""
+    hardware: object               # rlft.config.hardware.RayHardware
+    threads: int                   # torch threads per actor
+    seed: int
+    bucket_bytes: int              # weight broadcast bucket size
+
+
+def prepare_actor_process(threads: int) -> None:
     """At the start of an actor: its torch threads, and no per-actor "Loading weights" bars on the console."""
     import torch
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
-    torch.set_num_threads(cfg.hardware.num_threads or cfg.hardware.cpus_per_actor)
+    torch.set_num_threads(threads)
 
 
 def actor_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIXES)}
 
 
-def actor_options(cfg: RunConfig, placement_group, bundle: int, gpus: int) -> dict:
+def actor_options(hardware, placement_group, bundle: int, gpus: int) -> dict:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-    on_gpu = cfg.hardware.device == "cuda"
-    return dict(num_cpus=cfg.hardware.cpus_per_actor, num_gpus=gpus if on_gpu else 0,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group, placement_group_bundle_index=bundle),
+    on_gpu = hardware.device == "cuda"
+    strategy = PlacementGroupSchedulingStrategy(placement_group, placement_group_bundle_index=bundle)
+    return dict(num_cpus=hardware.cpus_per_actor, num_gpus=gpus if on_gpu else 0, scheduling_strategy=strategy,
                 runtime_env={"env_vars": actor_env()})
 
 
 class RayCluster:
-    """Starts or joins Ray, reserves every actor's resources at once, and builds the two sides."""
+    """Starts or joins Ray, reserves every actor's resources at once, and builds the two sides: learner
+    ranks that run `make_learner(group)` (a rlft.types.Learner), rollout workers that run
+    `make_engine(seed)` (a rlft.types.RolloutEngine)."""
 
-    def __init__(self, cfg: RunConfig, model_path: str, run_dir: Path):
+    def __init__(self, setup: ActorSetup, run_dir: Path, make_learner: Callable, make_engine: Callable, pad_id: int):
         import ray
         from ray.util.placement_group import placement_group
 
-        from rlft.learner.remote import RemoteLearner
-        from rlft.rollout.remote import RemoteEngine
-        h = cfg.hardware
+        from rlft.distributed.learner_actors import RemoteLearner
+        from rlft.distributed.rollout_actors import RemoteEngine
+        h = setup.hardware
         on_gpu = h.device == "cuda"
         learner_bundle = {"CPU": h.cpus_per_actor} | ({"GPU": 1} if on_gpu else {})
         rollout_bundle = {"CPU": h.cpus_per_actor} | ({"GPU": h.gpus_per_rollout_worker} if on_gpu else {})
@@ -113,8 +126,8 @@ class RayCluster:
                               f"available: {available}")
         link_ray_logs(run_dir)
         try:
-            self.learner = RemoteLearner(cfg, model_path, self.placement_group, bundles=range(h.learner_ranks))
-            self.engine = RemoteEngine(cfg, model_path, self.placement_group,
+            self.learner = RemoteLearner(setup, make_learner, self.placement_group, bundles=range(h.learner_ranks))
+            self.engine = RemoteEngine(setup, make_engine, pad_id, self.placement_group,
                                        bundles=range(h.learner_ranks, len(bundles)), weight_source=self.learner)
         except ActorLost as lost:
             self.shutdown()

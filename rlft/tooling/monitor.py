@@ -1,5 +1,5 @@
 """Where metrics go: metrics.jsonl in the run directory, the console (progress bar + one line a step) and,
-with logger=wandb, Weights & Biases (rlft.wandb_sink)."""
+with logger=wandb, Weights & Biases (rlft.tooling.wandb_sink)."""
 
 from __future__ import annotations
 
@@ -9,20 +9,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-CONSOLE_COLUMNS = [  # (metric, label, format)
-    ("train/reward_mean", "reward", "{:.3f}"),
-    ("train/accuracy", "acc", "{:.3f}"),
-    ("train/loss", "loss", "{:+.4f}"),
-    ("train/kl_ref", "kl", "{:.4f}"),
-    ("train/clip_frac", "clip", "{:.3f}"),
-    ("rollout/response_len_mean", "len", "{:.2f}"),
-    ("perf/step_seconds", "sec", "{:.2f}"),
-]
+from rlft.tooling.metrics import CONSOLE_COLUMNS, EVAL_ACCURACY
 
 
 class Monitor:
-    def __init__(self, run_dir: Path, total_steps: int, start_step: int, console: bool, jsonl: bool, wandb=None):
-        self.path = run_dir / "metrics.jsonl" if jsonl else None
+    def __init__(self, run_dir: Path, total_steps: int, start_step: int, console: bool, wandb=None):
+        self.path = run_dir / "metrics.jsonl"
         self.console = console
         self.wandb = wandb
         # disable=None: no bar when stdout is not a terminal (CI logs), the step lines still print
@@ -31,15 +23,14 @@ class Monitor:
 
     def log(self, row: dict) -> None:
         """Write one row (it carries 'step'; eval rows also carry "kind": "eval")."""
-        if self.path is not None:
-            with self.path.open("a") as f:
-                f.write(json.dumps(_jsonable(row)) + "\n")
+        with self.path.open("a") as f:
+            f.write(json.dumps(_jsonable(row)) + "\n")
         if self.wandb is not None:
             self.wandb.log(row)
         if not self.console:
             return
         if row.get("kind") == "eval":
-            self.print(f"eval step {row['step']:>4} | held-out accuracy {row['eval/accuracy']:.3f}")
+            self.print(f"eval step {row['step']:>4} | held-out accuracy {row[EVAL_ACCURACY]:.3f}")
             return
         self.print(format_step_line(row))
         if self.bar is not None:

@@ -18,7 +18,7 @@ from typing import Callable, Iterable
 import torch
 import torch.distributed as dist
 
-from rlft.sync import SyncStats
+from rlft.types import SyncStats
 
 NamedTensors = list[tuple[str, torch.Tensor]]
 

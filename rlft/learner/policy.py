@@ -1,46 +1,26 @@
-"""The PyTorch learner: policy weights, AdamW, and the update on one batch of trajectories."""
+"""The policy being trained: its weights, AdamW, and the update on one batch of trajectories
+(ppo_epochs optimizer steps over micro-batches, data parallel over a group of ranks, or FSDP2)."""
 
 from __future__ import annotations
 
 import contextlib
 import time
 import warnings
-from dataclasses import dataclass, fields, replace
-from typing import Any
+from dataclasses import asdict
 
 import torch
 import torch.distributed as dist
 from transformers import PreTrainedModel
 
 from rlft.algos.losses import policy_loss
+from rlft.distributed.ranks import rank_rows
+from rlft.errors import ConfigError
 from rlft.learner.logprobs import Packing, plan_pass, response_logprobs, supports_packing
-from rlft.learner.routing import RouterTap, find_routers
+from rlft.models.routing import RouterTap, find_routers
+from rlft.types import LossSettings, TrainBatch, UpdateStats
 
 
-@dataclass
-class TrainBatch:
-    """What the learner trains on; N = prompts x group size, rows of one group adjacent."""
-
-    prompt_ids: torch.Tensor       # [N, P] left-padded
-    prompt_mask: torch.Tensor      # [N, P]
-    response_ids: torch.Tensor     # [N, R] right-padded
-    response_mask: torch.Tensor    # [N, R] 1 on generated tokens
-    loss_mask: torch.Tensor        # [N, R] response_mask less any responses filtered out of the loss
-    advantages: torch.Tensor       # [N]
-    rollout_logprobs: torch.Tensor  # [N, R] the engine's log-probs of the sampled tokens
-    ref_logprobs: torch.Tensor | None  # [N, R] under the frozen reference, when kl_coef > 0
-    routes: torch.Tensor | None = None  # [N, P+R, layers, k] MoE experts the engine routed to (R3 replay)
-
-    @property
-    def size(self) -> int:
-        return self.response_ids.shape[0]
-
-    def to(self, device: torch.device) -> TrainBatch:
-        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)
-                                if getattr(self, f.name) is not None})
-
-
-class Learner:
+class Policy:
     """`group`: a torch.distributed group of learner ranks (data parallel). Every rank is handed the whole
     batch and trains on its share of the rows; the loss is normalised by the whole batch's token and
     sequence counts, so summing the ranks' gradients gives exactly the one-rank gradient, and every rank
@@ -49,18 +29,22 @@ class Learner:
     `fsdp`: shard parameters, gradients and optimizer state over the group (FSDP2 `fully_shard`, one unit
     per decoder layer); gradients are then reduce-scattered by FSDP itself, summed as above.
 
-    `share_prompts` (algo.share_prompt_prefix): each pass computes every distinct prompt once, and the
-    responses of its group attend to its keys and values (rlft.learner.logprobs.prompt_shared_logits).
-    `padding_free` (algo.padding_free): sequences packed end to end, so no compute goes to padding; with
-    both, each pass takes the cheaper (rlft.learner.logprobs.plan_pass).
+    `ppo_epochs` optimizer steps per batch, each accumulating gradients over passes of `micro_batch_size`
+    rows (None: the whole batch); log-probs at the sampling `temperature`.
 
-    Mixture-of-experts policies (rlft.learner.routing): every pass's routing is measured; `routing_replay`
+    `share_prompts` (compute.layout shared_prompts): each pass computes every distinct prompt once, and the
+    responses of its group attend to its keys and values (rlft.learner.logprobs.prompt_shared_logits).
+    `padding_free` (compute.layout packed): sequences packed end to end, so no compute goes to padding; with
+    both (auto), each pass takes the cheaper (rlft.learner.logprobs.plan_pass).
+
+    Mixture-of-experts policies (rlft.models.routing): every pass's routing is measured; `routing_replay`
     makes the training passes use the experts of the old-policy pass (or of the rollout engine, when the
     batch carries its routes); `router_aux_loss_coef` adds the load-balancing loss.
     """
 
-    def __init__(self, model: PreTrainedModel, lr: float, weight_decay: float, betas: tuple[float, float],
-                 eps: float, max_grad_norm: float, group: dist.ProcessGroup | None = None, fsdp: bool = False,
+    def __init__(self, model: PreTrainedModel, *, weight_decay: float = 0.0,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, max_grad_norm: float = 1.0,
+                 ppo_epochs: int = 1, micro_batch_size: int | None = None, temperature: float = 1.0, group: dist.ProcessGroup | None = None, fsdp: bool = False,
                  routing_replay: bool = False, router_aux_loss_coef: float = 0.0, share_prompts: bool = False,
                  padding_free: bool = False, compute_dtype: torch.dtype | None = None):
         if fsdp and group is None:
@@ -68,7 +52,8 @@ class Learner:
         self.model = model
         self.routing = RouterTap(model) if find_routers(model) else None
         if routing_replay and self.routing is None:
-            raise ValueError("routing replay needs a mixture-of-experts model; this one has no MoE routers")
+            raise ConfigError(f"algo.routing_replay needs a mixture-of-experts model; {type(model).__name__} has no "
+                              "MoE routers that rlft.models.routing knows (*TopKRouter modules)")
         self.routing_replay = routing_replay
         self.router_aux_loss_coef = router_aux_loss_coef
         self.share_prompts = share_prompts and shares_prompts_safely(model, self.routing)
@@ -84,34 +69,35 @@ class Learner:
         # before sharding: a forward under FSDP2 leaves the root's parameters gathered for the optimizer
         self.padding_free = padding_free and supports_packing(model)
         if padding_free and not self.padding_free:
-            warnings.warn(f"algo.padding_free: {type(model).__name__} mixes packed sequences in its attention; "
-                          "the learner pads instead", stacklevel=2)
+            warnings.warn(f"compute.layout: {type(model).__name__} mixes packed sequences in its attention, so "
+                          "the learner pads instead of packing", stacklevel=2)
         if fsdp:
             _shard(model, group, compute_dtype)
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=weight_decay, betas=betas, eps=eps)
+        self.optimizer = torch.optim.AdamW(self.params, lr=0.0, weight_decay=weight_decay, betas=betas, eps=eps)
         self.max_grad_norm = max_grad_norm
+        self.ppo_epochs, self.micro_batch_size, self.temperature = ppo_epochs, micro_batch_size, temperature
 
-    def set_lr(self, lr: float) -> None:
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-
-    def update(self, batch: TrainBatch, *, ppo_epochs: int, micro_batch_size: int, temperature: float,
-               max_response_len: int, loss_settings: dict[str, Any]) -> dict[str, float]:
-        """`ppo_epochs` optimizer steps, each accumulating gradients over all micro-batches.
+    def update(self, batch: TrainBatch, loss: LossSettings, lr: float) -> UpdateStats:
+        """`ppo_epochs` optimizer steps at learning rate `lr`, each accumulating gradients over all micro-batches.
 
         The old-policy log-probs are those of the first epoch's forward passes: no optimizer step has
         happened yet when they are computed, so they equal a separate old-policy pass and cost nothing.
         """
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        ppo_epochs, temperature = self.ppo_epochs, self.temperature
+        micro_batch_size = min(self.micro_batch_size or batch.size, batch.size)
         batch = batch.to(next(self.model.parameters()).device)  # the batch comes from the CPU
+        rollout = batch.rollout
         num_tokens = int(batch.loss_mask.sum())
         num_sequences = int((batch.loss_mask.sum(-1) > 0).sum())
         if batch.size < self.world:
             raise ValueError(f"a batch of {batch.size} rows cannot feed {self.world} learner ranks")
         mine = rank_rows(batch.size, self.rank, self.world)
         share = len(rank_rows(batch.size, 0, self.world))  # the largest share
-        old_logp = torch.zeros_like(batch.rollout_logprobs)
-        token_mask = torch.cat([batch.prompt_mask, batch.response_mask], dim=1)  # the model's input tokens
+        old_logp = torch.zeros_like(rollout.logprobs)
+        token_mask = torch.cat([rollout.prompt_mask, rollout.response_mask], dim=1)  # the model's input tokens
         routing = self.routing.counts() if self.routing is not None else None
         totals = _StepMetrics()
         grad_norms, entropy_sum = [], 0.0
@@ -127,41 +113,41 @@ class Learner:
                 if self.fsdp:  # reduce-scatter the accumulated gradients once, after the last pass
                     self.model.set_requires_gradient_sync(index == passes - 1)
                 if rows.start >= rows.stop:  # a rank with fewer rows: a pass that adds nothing
-                    self._empty_pass(batch, temperature)
+                    self._empty_pass(rollout, temperature)
                     continue
                 first_epoch = epoch == 0
                 started = clock()
                 if index not in plans:
-                    plans[index] = plan_pass(self.model, batch.prompt_ids[rows], batch.prompt_mask[rows],
-                                             batch.response_mask[rows], self.share_prompts, self.padding_free)
+                    plans[index] = plan_pass(self.model, rollout.prompt_ids[rows], rollout.prompt_mask[rows],
+                                             rollout.response_mask[rows], self.share_prompts, self.padding_free)
                 if self.routing is not None:
-                    self._begin_routing(index, rows, token_mask, plans[index][1], batch.routes, first_epoch)
+                    self._begin_routing(index, rows, token_mask, plans[index][1], rollout.routes, first_epoch)
                 with self._precision():
-                    out = response_logprobs(self.model, batch.prompt_ids[rows], batch.prompt_mask[rows],
-                                            batch.response_ids[rows], batch.response_mask[rows], temperature,
+                    out = response_logprobs(self.model, rollout.prompt_ids[rows], rollout.prompt_mask[rows],
+                                            rollout.response_ids[rows], rollout.response_mask[rows], temperature,
                                             with_entropy=first_epoch, plan=plans[index])
                 logp = out[0] if first_epoch else out
                 if first_epoch:
                     old_logp[rows] = logp.detach()
-                loss, metrics = policy_loss(
+                pass_loss, metrics = policy_loss(
                     logp, old_logp[rows], batch.advantages[rows], batch.loss_mask[rows],
-                    num_sequences=num_sequences, num_tokens=num_tokens, max_response_len=max_response_len,
+                    num_sequences=num_sequences, num_tokens=num_tokens,
                     ref_logp=None if batch.ref_logprobs is None else batch.ref_logprobs[rows],
-                    rollout_logp=batch.rollout_logprobs[rows], **loss_settings)
+                    rollout_logp=rollout.logprobs[rows], **asdict(loss))
                 if self.routing is not None:
                     balance = self.routing.end(routing)
                     if self.router_aux_loss_coef:  # a token-weighted mean over the step's passes
                         token_share = token_mask[rows].sum() / token_mask.sum()
-                        loss = loss + self.router_aux_loss_coef * balance * token_share
+                        pass_loss = pass_loss + self.router_aux_loss_coef * balance * token_share
                 forward_done = clock()
                 # under FSDP the reduce-scatter averages: scaled so that it sums, as _sum_gradients does
-                (loss * self.world if self.fsdp else loss).backward()
+                (pass_loss * self.world if self.fsdp else pass_loss).backward()
                 backward_done = clock()
                 seconds["forward"] += forward_done - started
                 seconds["backward"] += backward_done - forward_done
                 if first_epoch:
                     entropy_sum += float((out[1] * batch.loss_mask[rows]).sum())
-                totals.add(metrics | {"loss": loss.item()}, tokens=float(batch.loss_mask[rows].sum()))
+                totals.add(metrics | {"loss": pass_loss.item()}, tokens=float(batch.loss_mask[rows].sum()))
             started = clock()
             if self.group is not None and not self.fsdp:
                 self._sum_gradients()
@@ -170,30 +156,34 @@ class Learner:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             seconds["optimizer"] += clock() - started
-        mask = batch.response_mask[mine.start:mine.stop].bool()
-        diff = (old_logp - batch.rollout_logprobs)[mine.start:mine.stop].abs()[mask]
+        mask = rollout.response_mask[mine.start:mine.stop].bool()
+        diff = (old_logp - rollout.logprobs)[mine.start:mine.stop].abs()[mask]
         diff_sum, diff_count = float(diff.sum()), float(diff.numel())
         diff_max = float(diff.max()) if diff.numel() else 0.0
         if self.group is not None:
             totals.reduce(self.group)
             entropy_sum, diff_sum, diff_count = _all_reduce([entropy_sum, diff_sum, diff_count], self.group)
             (diff_max,) = _all_reduce([diff_max], self.group, dist.ReduceOp.MAX)
-        out = totals.result(ppo_epochs)
-        out["entropy"] = entropy_sum / max(num_tokens, 1)  # of the old policy, over the loss tokens
-        out["grad_norm"] = sum(grad_norms) / len(grad_norms)
-        out["tokens"] = num_tokens
-        out["logprob_diff_mean"] = diff_sum / diff_count if diff_count else 0.0
-        out["logprob_diff_max"] = diff_max
-        # this rank's time: forward (log-probs and loss; the first epoch's are the old log-probs too),
-        # backward, optimizer (gradient reduction, clipping, AdamW)
-        out |= {f"perf/{phase}_seconds": value for phase, value in seconds.items()}
+        stats = totals.result(ppo_epochs)
+        routing_stats = None
         if self.routing is not None:
             self.routing.clear()
             flat = routing.as_tensor()
             if self.group is not None:
                 dist.all_reduce(flat, group=self.group)
-            out |= routing.with_tensor(flat).metrics()
-        return out
+            routing_stats = routing.with_tensor(flat).stats()
+        return UpdateStats(
+            loss=stats["loss"], pg_loss=stats["pg_loss"], approx_kl=stats["approx_kl"],
+            entropy=entropy_sum / max(num_tokens, 1),  # of the old policy, over the loss tokens
+            grad_norm=sum(grad_norms) / len(grad_norms), tokens=num_tokens,
+            logprob_diff_mean=diff_sum / diff_count if diff_count else 0.0, logprob_diff_max=diff_max,
+            # this rank's time: forward (log-probs and loss; the first epoch's are the old log-probs too),
+            # backward, optimizer (gradient reduction, clipping, AdamW)
+            forward_seconds=seconds["forward"], backward_seconds=seconds["backward"],
+            optimizer_seconds=seconds["optimizer"],
+            kl_ref=stats.get("kl_ref"), clip_frac_low=stats.get("clip_frac_low"),
+            clip_frac_high=stats.get("clip_frac_high"), ratio_mean=stats.get("ratio_mean"),
+            ratio_min=stats.get("ratio_min"), ratio_max=stats.get("ratio_max"), routing=routing_stats)
 
     def _begin_routing(self, index: int, rows: slice, token_mask: torch.Tensor, packing: Packing | None,
                        engine_routes, first_epoch: bool):
@@ -221,12 +211,12 @@ class Learner:
                                replay=self.routing_replay and not first_epoch, compare=not first_epoch,
                                count_load=first_epoch)
 
-    def _empty_pass(self, batch: TrainBatch, temperature: float) -> None:
+    def _empty_pass(self, rollout, temperature: float) -> None:
         if self.routing is not None:
             self.routing.idle()
         with self._precision():
-            logp = response_logprobs(self.model, batch.prompt_ids[:1], batch.prompt_mask[:1],
-                                     batch.response_ids[:1], batch.response_mask[:1], temperature)
+            logp = response_logprobs(self.model, rollout.prompt_ids[:1], rollout.prompt_mask[:1],
+                                     rollout.response_ids[:1], rollout.response_mask[:1], temperature)
         (logp.sum() * 0.0).backward()
 
     def _precision(self):
@@ -303,13 +293,6 @@ def shares_prompts_safely(model: PreTrainedModel, routing) -> bool:
     (transformers turns the cache off under it), nor with the MoE router hooks (they count every row's
     prompt tokens, and replay routes by row)."""
     return routing is None and not getattr(model, "is_gradient_checkpointing", False)
-
-
-def rank_rows(rows: int, rank: int, world: int) -> range:
-    """This rank's contiguous rows of a batch: shares as even as can be (the first ones one row more)."""
-    base, extra = divmod(rows, world)
-    start = rank * base + min(rank, extra)
-    return range(start, start + base + (rank < extra))
 
 
 def _shard(model: PreTrainedModel, group: dist.ProcessGroup, compute_dtype: torch.dtype | None = None) -> None:

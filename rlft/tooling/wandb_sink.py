@@ -1,5 +1,5 @@
-"""Weights & Biases for a run (logger=wandb): the resolved config, every metrics.jsonl row under the same
-names and step, eval samples as a table, the final model as an artifact when asked.
+"""Weights & Biases for a run (logger=wandb): the resolved config and the group options (`options.algo`),
+every metrics.jsonl row under the same names and step, eval samples as a table, the final model as an artifact when asked.
 
 The W&B run id is kept in the run directory, so `resume=` continues the same W&B run. WANDB_MODE=offline
 (or logger.mode=offline) writes it under runs/DIR/wandb/ with no network; `wandb sync` uploads it later.
@@ -11,6 +11,8 @@ import secrets
 from pathlib import Path
 
 from omegaconf import OmegaConf
+
+from rlft.config.compose import saved_options
 
 SAMPLE_COLUMNS = ["prompt", "completion", "answer", "reward"]
 
@@ -27,7 +29,9 @@ class WandbSink:
         self.run = wandb.init(
             project=logger.project, entity=logger.entity, group=logger.group, tags=list(logger.tags) or None,
             name=logger.name or run_dir.name, mode=logger.mode, dir=str(run_dir), id=run_id, resume="allow",
-            config=OmegaConf.to_container(OmegaConf.structured(cfg)), settings=wandb.Settings(silent=True))
+            config=OmegaConf.to_container(OmegaConf.structured(cfg))
+            | {"options": saved_options(run_dir / "config.yaml")},
+            settings=wandb.Settings(silent=True))
         # Every metric is plotted against rlft's step (W&B's own step counter is not the RL step).
         self.run.define_metric("step")
         self.run.define_metric("*", step_metric="step")

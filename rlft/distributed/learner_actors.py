@@ -1,5 +1,6 @@
-"""The learner as Ray actors (hardware.ray): one LearnerActor per rank, each wrapping a LearnerWorker, the
-ranks forming a torch.distributed group; RemoteLearner is the driver's handle with LearnerWorker's methods.
+"""The learner as Ray actors: one LearnerActor per rank, each holding the learner its factory builds (a
+rlft.learner.local.LocalLearner), the ranks forming a torch.distributed group; RemoteLearner is the
+driver's rlft.types.Learner over them.
 
 Trajectories go into the Ray object store once (`ray.put`) and every rank reads them from there; weights
 leave from rank 0 by broadcast to the rollout workers (RemoteLearner.push_weights).
@@ -11,18 +12,17 @@ import datetime
 import os
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 
-from rlft.checkpoint import TrainerState
-from rlft.cluster import ActorLost, actor_options, dead_actors, prepare_actor_process, wait_all
-from rlft.config import RunConfig
+from rlft.distributed.broadcast import free_port, join_broadcast
+from rlft.distributed.placement import (ActorLost, ActorSetup, actor_options, dead_actors, prepare_actor_process,
+                                        wait_all)
+from rlft.distributed.ranks import rank_rows
 from rlft.errors import WorkerDied
-from rlft.learner.learner import TrainBatch, rank_rows
-from rlft.rollout.base import Rollout
-from rlft.sync import SyncStats
-from rlft.sync.broadcast import free_port, join_broadcast
+from rlft.types import LossSettings, Rollout, SyncStats, TrainBatch, TrainerState, UpdateStats
 
 # Test hook: the learner rank RLFT_FAULT_LEARNER_RANK (default 0) exits at its update call number
 # RLFT_FAULT_LEARNER_EXIT_AT_UPDATE, as a crashed or preempted rank would.
@@ -31,11 +31,11 @@ FAULT_RANK = "RLFT_FAULT_LEARNER_RANK"
 
 
 class LearnerActor:
-    def __init__(self, cfg: RunConfig, model_path: str, rank: int, world: int):
-        prepare_actor_process(cfg)
-        torch.manual_seed(cfg.seed)
-        self.cfg, self.model_path, self.rank, self.world = cfg, model_path, rank, world
-        self.device = cfg.hardware.device
+    def __init__(self, setup: ActorSetup, make_learner: Callable, rank: int, world: int):
+        prepare_actor_process(setup.threads)
+        torch.manual_seed(setup.seed)
+        self.make_learner, self.rank, self.world = make_learner, rank, world
+        self.device = str(setup.hardware.device)
         self.updates = 0
         self.broadcaster = None
 
@@ -47,7 +47,6 @@ class LearnerActor:
 
     def setup(self, host: str, port: int) -> None:
         """Join the learner group (rank 0 hosts it) and load the policy; every rank at once."""
-        from rlft.learner.worker import LearnerWorker
         group = None
         if self.world > 1:
             if self.device == "cuda":
@@ -55,22 +54,19 @@ class LearnerActor:
             dist.init_process_group("nccl" if self.device == "cuda" else "gloo", init_method=f"tcp://{host}:{port}",
                                     rank=self.rank, world_size=self.world, timeout=datetime.timedelta(minutes=10))
             group = dist.group.WORLD
-        self.worker = LearnerWorker(self.cfg, self.model_path, group)
+        self.worker = self.make_learner(group)
 
-    def update(self, batch: TrainBatch, settings: dict) -> dict[str, float]:
+    def update(self, batch: TrainBatch, loss: LossSettings, lr: float) -> UpdateStats:
         self.updates += 1
         if os.environ.get(FAULT_UPDATE) == str(self.updates) and int(os.environ.get(FAULT_RANK, "0")) == self.rank:
             os._exit(1)
-        return self.worker.update(batch, **settings)
+        return self.worker.update(batch, loss, lr)
 
-    def reference_logprobs(self, rollout: Rollout, temperature: float, rows: range) -> torch.Tensor | None:
-        return self.worker.reference_logprobs(rollout, temperature, rows)
+    def reference_logprobs(self, rollout: Rollout, rows: range) -> torch.Tensor | None:
+        return self.worker.reference_logprobs(rollout, rows)
 
-    def set_lr(self, lr: float) -> None:
-        self.worker.set_lr(lr)
-
-    def lr(self) -> float:
-        return self.worker.lr
+    def has_reference(self) -> bool:
+        return self.worker.reference is not None
 
     def peak_memory_mb(self) -> float:
         return self.worker.peak_memory_mb()
@@ -96,40 +92,33 @@ class LearnerActor:
 
 
 class RemoteLearner:
-    """The driver's side: LearnerWorker's methods, each run on every rank."""
+    """The driver's side: the learner's methods, each run on every rank."""
 
-    def __init__(self, cfg: RunConfig, model_path: str, placement_group, bundles: range):
+    def __init__(self, setup: ActorSetup, make_learner: Callable, placement_group, bundles: range):
         import ray
-        self.cfg = cfg
+        self.setup = setup
         actor = ray.remote(LearnerActor)
         world = len(bundles)
-        self.ranks = [actor.options(**actor_options(cfg, placement_group, bundle, gpus=1)).remote(
-            cfg, model_path, rank, world) for rank, bundle in enumerate(bundles)]
+        self.ranks = [actor.options(**actor_options(setup.hardware, placement_group, bundle, gpus=1)).remote(
+            setup, make_learner, rank, world) for rank, bundle in enumerate(bundles)]
         host, port = self._on_rank0("free_address")
         self._on_all("setup", host, port)
+        self.has_reference = self._on_rank0("has_reference")  # kl_coef = 0 loads none: no call for nothing
         self.synced_engine_version = None  # the rollout workers' group is formed at the first push
 
-    def update(self, batch: TrainBatch, **settings) -> dict[str, float]:
+    def update(self, batch: TrainBatch, loss: LossSettings, lr: float) -> UpdateStats:
         import ray
         batch_ref = ray.put(batch)  # once into the object store; every rank reads the same copy
-        return self._on_all("update", batch_ref, settings)[0]  # metrics are already reduced over the ranks
+        return self._on_all("update", batch_ref, loss, lr)[0]  # already reduced over the ranks
 
-    def reference_logprobs(self, rollout: Rollout, temperature: float) -> torch.Tensor | None:
+    def reference_logprobs(self, rollout: Rollout) -> torch.Tensor | None:
         import ray
-        if self.cfg.algo.kl_coef <= 0:
+        if not self.has_reference:
             return None
         rollout_ref = ray.put(rollout)
-        parts = self._wait([rank.reference_logprobs.remote(rollout_ref, temperature,
-                                                           rank_rows(rollout.prompt_ids.shape[0], i, len(self.ranks)))
+        parts = self._wait([rank.reference_logprobs.remote(rollout_ref, rank_rows(rollout.size, i, len(self.ranks)))
                             for i, rank in enumerate(self.ranks)])
         return torch.cat(parts)
-
-    def set_lr(self, lr: float) -> None:
-        self._on_all("set_lr", lr)
-
-    @property
-    def lr(self) -> float:
-        return self._on_rank0("lr")
 
     def peak_memory_mb(self) -> float:
         return max(self._on_all("peak_memory_mb"))
@@ -139,7 +128,8 @@ class RemoteLearner:
         the group for all: every worker is replaced (RemoteEngine.replace_all) and the push repeated."""
         import ray
         start = time.perf_counter()
-        for attempt in range(self.cfg.hardware.max_rollout_restarts + 1):
+        restarts = self.setup.hardware.max_rollout_restarts
+        for attempt in range(restarts + 1):
             try:
                 if self.synced_engine_version != engine.version:  # new workers: a new group
                     self._form_sync_group(engine)
@@ -154,12 +144,12 @@ class RemoteLearner:
                 if not dead_actors(engine.workers):
                     raise
                 engine.replace_all(err, attempt)
-        raise WorkerDied(f"the weight sync failed after {self.cfg.hardware.max_rollout_restarts} rollout worker restarts")
+        raise WorkerDied(f"the weight sync failed after {restarts} rollout worker restarts")
 
     def _form_sync_group(self, engine) -> None:
         host, port = self._on_rank0("free_address")
         world = 1 + len(engine.workers)
-        bucket_bytes = self.cfg.rollout.sync_bucket_mb * 2 ** 20
+        bucket_bytes = self.setup.bucket_bytes
         joining = engine.join_sync_group(host, port, world, bucket_bytes)
         wait_all(joining + [self.ranks[0].join_sync_group.remote(host, port, world, bucket_bytes)])
         self.synced_engine_version = engine.version

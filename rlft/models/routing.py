@@ -1,4 +1,5 @@
-"""Routing replay for mixture-of-experts policies (ALGORITHMS.md, "GSPO and MoE: routing replay").
+"""Mixture-of-experts routing, shared by the learner (routing replay, RouterTap) and the rollout engines
+(recording the routes they sample with, RouteRecorder). ALGORITHMS.md, "GSPO and MoE: routing replay".
 
 transformers' MoE blocks (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE) route with a `*TopKRouter` module whose
 forward returns (router_logits, top-k weights, top-k expert indices) for the block's flattened tokens. A
@@ -22,6 +23,8 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+
+from rlft.types import RoutingStats
 
 
 def find_routers(model: nn.Module) -> list[nn.Module]:
@@ -68,17 +71,18 @@ class RoutingCounts:
         return RoutingCounts(self.layers, self.experts, *flat[:4].tolist(),
                              slots=flat[4:4 + size].view(shape), probs=flat[4 + size:].view(shape))
 
-    def metrics(self) -> dict[str, float]:
+    def stats(self) -> RoutingStats:
         """The load balance of the whole step (so it does not depend on how rows split into micro-batches
         or ranks; the loss term itself is per pass, as in transformers)."""
         tokens = max(self.tokens, 1.0)
         balance = self.experts * ((self.slots / tokens) * (self.probs / tokens)).sum(-1).mean()
         per_expert = self.slots.sum(0)
-        out = {"moe/routing_drift": self.drifted / self.compared if self.compared else 0.0,
-               "moe/router_drift": self.router_drifted / self.compared if self.compared else 0.0,
-               "moe/load_balance_loss": float(balance),
-               "moe/expert_load_cv": float(per_expert.std(unbiased=False) / per_expert.mean()) if self.tokens else 0.0}
-        return out | {f"moe/expert_tokens/{e}": float(n) for e, n in enumerate(per_expert.tolist())}
+        return RoutingStats(
+            routing_drift=self.drifted / self.compared if self.compared else 0.0,
+            router_drift=self.router_drifted / self.compared if self.compared else 0.0,
+            load_balance_loss=float(balance),
+            expert_load_cv=float(per_expert.std(unbiased=False) / per_expert.mean()) if self.tokens else 0.0,
+            expert_tokens=[float(n) for n in per_expert.tolist()])
 
 
 @dataclass

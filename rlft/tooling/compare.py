@@ -11,23 +11,16 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from omegaconf import OmegaConf
 
+from rlft.config.compose import saved_options
 from rlft.errors import UserError
-from rlft.monitor import read_metrics
-from rlft.sweep import format_table, run_dirs_under, summarize_run
-
-PANELS = [  # (metric, title, from eval rows?)
-    ("train/reward_mean", "train reward", False),
-    ("eval/accuracy", "held-out accuracy", True),
-    ("train/kl_ref", "KL to reference", False),
-    ("train/clip_frac", "clip fraction", False),
-    ("rollout/response_len_mean", "response length (tokens)", False),
-]
+from rlft.tooling.metrics import PANELS
+from rlft.tooling.monitor import read_metrics
+from rlft.tooling.sweep import format_table, run_dirs_under, summarize_run
 
 
 def run_labels(run_dirs: list[Path]) -> list[str]:
-    algos = [OmegaConf.load(d / "config.yaml").algo.name for d in run_dirs]
+    algos = [saved_options(d / "config.yaml").get("algo", "?") for d in run_dirs]
     if len(set(algos)) > 1:
         return algos
     # one algorithm: tell runs apart by their directory name, seeds folded together

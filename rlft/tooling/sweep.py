@@ -1,7 +1,7 @@
 """Comparison table of several runs (a Hydra multirun, or any run directories).
 
 After `rlft train -m algo=grpo,dapo,gspo seed=0,1,2` the table is printed and written to the sweep
-directory as comparison.md; `rlft compare DIR...` prints it again and plots the runs (rlft.compare).
+directory as comparison.md; `rlft compare DIR...` prints it again and plots the runs (rlft.tooling.compare).
 """
 
 from __future__ import annotations
@@ -13,6 +13,9 @@ from statistics import mean
 
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
+
+from rlft.config.compose import saved_options
+from rlft.tooling.metrics import EVAL_ACCURACY, STEP_SECONDS, TRAIN_REWARD, TRAIN_TOKENS
 
 COLUMNS = ["held-out before", "held-out after", "first eval step >= 0.9", "train reward (last 10 steps)",
            "train time (s)", "tokens trained"]
@@ -33,18 +36,18 @@ def summarize_run(run_dir: Path) -> dict:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
     evals = [r for r in rows if r.get("kind") == "eval"]
     steps = [r for r in rows if r.get("kind") != "eval"]
-    rewards = [r["train/reward_mean"] for r in steps if "train/reward_mean" in r][-10:]
+    rewards = [r[TRAIN_REWARD] for r in steps if TRAIN_REWARD in r][-10:]
     config = OmegaConf.load(run_dir / "config.yaml")
     return {
         "run": run_dir.name,
-        "algo": config.algo.name,
+        "algo": saved_options(run_dir / "config.yaml").get("algo", "?"),
         "seed": config.seed,
-        "held-out before": evals[0]["eval/accuracy"] if evals else None,
-        "held-out after": evals[-1]["eval/accuracy"] if evals else None,
-        "first eval step >= 0.9": next((r["step"] for r in evals if r["eval/accuracy"] >= 0.9), None),
+        "held-out before": evals[0][EVAL_ACCURACY] if evals else None,
+        "held-out after": evals[-1][EVAL_ACCURACY] if evals else None,
+        "first eval step >= 0.9": next((r["step"] for r in evals if r[EVAL_ACCURACY] >= 0.9), None),
         "train reward (last 10 steps)": mean(rewards) if rewards else None,
-        "train time (s)": sum(r.get("perf/step_seconds", 0.0) for r in steps),
-        "tokens trained": sum(r.get("train/tokens", 0) for r in steps),
+        "train time (s)": sum(r.get(STEP_SECONDS, 0.0) for r in steps),
+        "tokens trained": sum(r.get(TRAIN_TOKENS, 0) for r in steps),
     }
 
 
@@ -73,7 +76,7 @@ class SweepTable(Callback):
         runs = run_dirs_under([sweep_dir])
         if not runs:
             return
-        from rlft.compare import compare
+        from rlft.tooling.compare import compare
         png, table = compare([sweep_dir])
         (sweep_dir / "comparison.md").write_text(table + "\n")
         print(f"\n{table}\n\ncomparison table: {sweep_dir / 'comparison.md'}; figure: {png}")

@@ -1,0 +1,116 @@
+"""Every metric's name is decided here. The trainer's rows (metrics.jsonl, the console, W&B) are built from
+the typed records of a step by `step_row` and `eval_row`; the console line, `rlft compare`'s panels and
+the sweep table read the names below.
+
+Namespaces: train/ (the update), reward/ (each reward function), rollout/ (what was generated), eval/
+(held-out), moe/ (mixture-of-experts routing), sync/ (weights to the engine), perf/ (time and memory).
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import torch
+
+from rlft.types import LossSettings, Problem, ScoredGroups, Scores, SyncStats, UpdateStats
+
+EVAL_ACCURACY = "eval/accuracy"
+TRAIN_REWARD = "train/reward_mean"
+TRAIN_TOKENS = "train/tokens"
+STEP_SECONDS = "perf/step_seconds"
+
+CONSOLE_COLUMNS = [  # (metric, label, format) of the console's line per step
+    (TRAIN_REWARD, "reward", "{:.3f}"),
+    ("train/accuracy", "acc", "{:.3f}"),
+    ("train/loss", "loss", "{:+.4f}"),
+    ("train/kl_ref", "kl", "{:.4f}"),
+    ("train/clip_frac", "clip", "{:.3f}"),
+    ("rollout/response_len_mean", "len", "{:.2f}"),
+    (STEP_SECONDS, "sec", "{:.2f}"),
+]
+
+PANELS = [  # (metric, title, from eval rows?) of `rlft compare`'s figure
+    (TRAIN_REWARD, "train reward", False),
+    (EVAL_ACCURACY, "held-out accuracy", True),
+    ("train/kl_ref", "KL to reference", False),
+    ("train/clip_frac", "clip fraction", False),
+    ("rollout/response_len_mean", "response length (tokens)", False),
+]
+
+
+class Stopwatch:
+    """Seconds per phase of a step: `with clock("ref"): ...`; `clock.total()` since it was made."""
+
+    def __init__(self):
+        self.started = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, phase: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
+
+    def total(self) -> float:
+        return time.perf_counter() - self.started
+
+
+def collected_row(step: int, groups: ScoredGroups) -> dict:
+    """What every step logs about its collection, even when no group was left to learn from."""
+    return {"step": step, "rollout/sampling_rounds": groups.rounds, "rollout/dropped_groups": groups.dropped_groups,
+            "rollout/groups": groups.num_groups, "rollout/staleness": groups.staleness,
+            "perf/generate_seconds": groups.generate_seconds, "perf/reward_seconds": groups.reward_seconds}
+
+
+def step_row(step: int, groups: ScoredGroups, rewards: torch.Tensor, stats: UpdateStats, sync: SyncStats,
+             collect_wait_seconds: float, loss: LossSettings, lr: float, clock: Stopwatch, peak_memory_mb: float
+             ) -> dict:
+    """The row of a step that trained; `rewards` [N] are the ones advantages came from (KL in the reward
+    included)."""
+    rollout, scores = groups.rollout, groups.scores
+    lengths = rollout.response_lengths.float()
+    optional = {"train/kl_ref": stats.kl_ref, "train/clip_frac_low": stats.clip_frac_low,
+                "train/clip_frac_high": stats.clip_frac_high, "train/ratio_mean": stats.ratio_mean,
+                "train/ratio_min": stats.ratio_min, "train/ratio_max": stats.ratio_max}
+    row = collected_row(step, groups) | {
+        TRAIN_REWARD: rewards.mean().item(), "train/reward_std": rewards.std().item(),
+        "train/accuracy": scores.correct.mean().item(),
+        **{f"reward/{name}": values.mean().item() for name, values in scores.parts.items()},
+        "reward/errors": scores.errors,
+        "train/loss": stats.loss, "train/pg_loss": stats.pg_loss, "train/approx_kl": stats.approx_kl,
+        "train/entropy": stats.entropy, "train/grad_norm": stats.grad_norm, TRAIN_TOKENS: stats.tokens,
+        **{key: value for key, value in optional.items() if value is not None},
+        "train/clip_frac": (stats.clip_frac_low or 0.0) + (stats.clip_frac_high or 0.0),
+        "train/lr": lr, "train/eps_high": loss.eps_high,
+        "rollout/response_len_mean": lengths.mean().item(), "rollout/response_len_max": lengths.max().item(),
+        "rollout/truncated_frac": rollout.truncated.float().mean().item(),
+        "rollout/logprob_diff_mean": stats.logprob_diff_mean, "rollout/logprob_diff_max": stats.logprob_diff_max,
+        "rollout/tokens": int(rollout.response_mask.sum()),
+        "sync/seconds": sync.seconds, "sync/bytes": sync.bytes,
+        "perf/ref_seconds": clock.seconds.get("ref", 0.0), "perf/train_seconds": clock.seconds["train"],
+        "perf/forward_seconds": stats.forward_seconds, "perf/backward_seconds": stats.backward_seconds,
+        "perf/optimizer_seconds": stats.optimizer_seconds,
+        "perf/collect_wait_seconds": collect_wait_seconds,  # async_steps: how long the next batch lagged
+        # old log-probs come from the first epoch's forward passes: no time of their own
+        "perf/generate_tokens_per_s": lengths.sum().item() / max(groups.generate_seconds, 1e-9),
+        "perf/train_tokens_per_s": stats.tokens / max(clock.seconds["train"], 1e-9),
+        "perf/peak_rss_mb": peak_memory_mb,  # the learner's (the largest rank's)
+    }
+    if stats.routing is not None:
+        r = stats.routing
+        row |= {"moe/routing_drift": r.routing_drift, "moe/router_drift": r.router_drift,
+                "moe/load_balance_loss": r.load_balance_loss, "moe/expert_load_cv": r.expert_load_cv,
+                **{f"moe/expert_tokens/{e}": n for e, n in enumerate(r.expert_tokens)}}
+    return row | {STEP_SECONDS: clock.total()}
+
+
+def eval_row(step: int, problems: list[Problem], completions: list[str], scores: Scores) -> dict:
+    """Greedy held-out evaluation: accuracy (reward.accuracy's full marks), the configured reward, samples."""
+    rewards = scores.total.tolist()
+    return {"step": step, "kind": "eval", EVAL_ACCURACY: scores.correct.mean().item(),
+            "eval/reward_mean": scores.total.mean().item(), "eval/size": len(problems),
+            "eval/samples": [{"prompt": p.prompt, "completion": c, "answer": p.answer, "reward": r}
+                             for p, c, r in list(zip(problems, completions, rewards))[:4]]}
