@@ -61,8 +61,9 @@ def train_command(args: list[str]) -> int:
         saved = None
         if controls.resume is not None:
             saved, overrides = resumed_overrides(controls.resume, overrides)
-        if multirun(overrides) or any(o.startswith("-") for o in overrides if o not in ("--cfg", "-c")):
-            return run_hydra(overrides, controls)  # a sweep, or Hydra's own flags
+        check_arguments(overrides)
+        if multirun(overrides):
+            return run_hydra(overrides, controls)
         if cfg_job_requested(overrides):
             return print_config([o for o in overrides if o not in ("--cfg", "job", "-c")], saved)
         return run_one(overrides, controls, saved)
@@ -129,7 +130,7 @@ def run_hydra(overrides: list[str], controls) -> int:
 
 def split_controls(args: list[str]):
     """(the run controls, the rest): resume=, trainer.exit_after_step=, trainer.profile_steps=, --profile."""
-    from omegaconf import OmegaConf
+    import yaml
 
     from rlft.errors import ConfigError
     from rlft.preflight import RunControls
@@ -149,9 +150,11 @@ def split_controls(args: list[str]):
                 raise ConfigError(f"trainer.exit_after_step takes one whole step number (got '{value}')")
             exit_after = int(value)
         elif key == "trainer.profile_steps" and value:
-            steps = OmegaConf.create({"v": value}).v if value.startswith("[") else None
-            steps = OmegaConf.to_container(steps) if steps is not None else [value]
-            if not all(str(s).isdigit() for s in steps):
+            try:
+                steps = yaml.safe_load(value) if value.startswith("[") else [value]
+            except yaml.YAMLError:
+                steps = None
+            if not isinstance(steps, list) or not steps or not all(str(s).isdigit() and int(s) > 0 for s in steps):
                 raise ConfigError(f"trainer.profile_steps takes a list of step numbers, e.g. [2,5] (got '{value}')")
             profile = tuple(int(s) for s in steps)
         else:
@@ -159,14 +162,40 @@ def split_controls(args: list[str]):
     return RunControls(resume=resume, exit_after_step=exit_after, profile_steps=profile), rest
 
 
+def check_arguments(overrides: list[str]) -> None:
+    """Refuse, with one line, what rlft train does not take: a flag other than -m and --cfg job, a key
+    deletion (~key), a group given something other than an option's name."""
+    import re
+
+    from rlft.config import GROUPS
+    from rlft.config.describe import group_options
+    from rlft.errors import ConfigError
+    for place, item in enumerate(overrides):
+        if item in ("--cfg", "-c"):
+            following = overrides[place + 1:place + 2]
+            if following != ["job"]:
+                raise ConfigError(f"{item} takes 'job' (rlft train --cfg job prints the composed config)"
+                                  f"{'; got ' + repr(following[0]) if following else ''}")
+            if multirun(overrides):
+                raise ConfigError(f"{item} job prints one run's config: it does not combine with -m")
+        elif item.startswith("-") and item not in ("-m", "--multirun"):
+            raise ConfigError(f"rlft train does not take '{item}' (its flags: -m, --cfg job, --profile, --help [KEY])")
+        elif item.startswith("~"):
+            raise ConfigError(f"'{item}': rlft keys cannot be deleted; set the key instead ({item[1:].split('=')[0]}=VALUE)")
+        key, _, value = item.lstrip("+").partition("=")
+        if key in GROUPS and "=" in item:
+            names = value.split(",") if multirun(overrides) else [value]
+            if not all(re.fullmatch(r"[\w.-]+", name) and name.lower() not in ("null", "none") for name in names):
+                raise ConfigError(f"{key}= takes the name of one of its options ({', '.join(group_options(key))}); "
+                                  f"got '{value}'")
+
+
 def resumed_overrides(run_dir: Path, overrides: list[str]) -> tuple[dict, list[str]]:
     """A resumed run keeps its config: it is composed from its own group options alone, and gets its saved
     values, then this command's key=value overrides, and a new `hardware=` option (a checkpoint resumes on
     any placement) in with_saved_values; (what that needs, the overrides to compose)."""
-    from omegaconf import OmegaConf
-
     from rlft.config import GROUPS
-    from rlft.config.compose import saved_options
+    from rlft.config.compose import saved_config, saved_options
     from rlft.errors import ConfigError
     options = saved_options(run_dir / "config.yaml")
     if not options:
@@ -180,7 +209,7 @@ def resumed_overrides(run_dir: Path, overrides: list[str]) -> tuple[dict, list[s
             raise ConfigError(f"resume: '{group}=...' would change the run's {group}; resume keeps its config "
                               "groups (hardware= excepted)")
     hydra = [item for item in overrides if item.startswith("hydra.") or item in ("--cfg", "-c", "job")]
-    saved = {"config": OmegaConf.create((run_dir / "config.yaml").read_text()), "hardware": chosen.get("hardware"),
+    saved = {"config": saved_config(run_dir / "config.yaml"), "hardware": chosen.get("hardware"),
              "keys": [item.lstrip("+") for item in overrides if item not in hydra and "=" in item
                       and item.split("=", 1)[0] not in GROUPS]}
     return saved, [f"{group}={option}" for group, option in options.items()] + hydra + [f"hydra.run.dir={run_dir}"]

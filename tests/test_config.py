@@ -102,6 +102,19 @@ def test_a_key_of_an_optional_section_turns_it_on():
     assert (schedule.kind, schedule.end, schedule.steps) == ("linear", 0.3, 100)
 
 
+def test_overrides_of_an_optional_section_apply_in_order():
+    assert composed("algo.overlong=null", "algo.overlong.buffer=4").algo.overlong.buffer == 4
+    assert composed("algo.overlong.buffer=4", "algo.overlong=null").algo.overlong is None
+
+
+def test_run_controls_parse_lists_of_steps():
+    from rlft.cli import split_controls
+    controls, rest = split_controls(["trainer.profile_steps=[2,5]", "seed=1", "trainer.exit_after_step=3"])
+    assert controls.profile_steps == (2, 5) and controls.exit_after_step == 3 and rest == ["seed=1"]
+    assert split_controls(["trainer.profile_steps=4"])[0].profile_steps == (4,)
+    assert split_controls(["--profile"])[0].profile_steps == (2,)
+
+
 def test_a_mapping_replaces_a_free_form_dict():
     data = composed("data=reasoning_gym", "data.tasks={countdown: 0.5, chain_sum: 0.5}").data
     assert data.tasks == {"countdown": 0.5, "chain_sum": 0.5}
@@ -128,6 +141,9 @@ ERRORS = [
     (["algo.group_size=abc"], "algo.group_size: Value 'abc' of type 'str' could not be converted to Integer"),
     (["algo.loss_agg=mean"], "algo.loss_agg='mean' is not one of: token_mean, seq_mean_token_mean, seq_mean"),
     (["algo.group_size=1"], "algo.group_size must be >= 2 (got 1)"),
+    (["trainer.epochs=2", "trainer.steps=5"], "trainer.epochs=2.0 decides the number of steps: it does not combine"),
+    (["reward.weights=[1.0,nan]", "reward.fns=[exact_match,format]"], "reward.weights[1] must be a finite number"),
+    (["data=reasoning_gym", "data.tasks={chain_sum: -1}"], "data.tasks.chain_sum must be a finite number > 0"),
     (["optim.lr=nan"], "optim.lr must be a finite number > 0 (got nan)"),
     (["optim.betas=[0.9,1.5]"], "optim.betas[1] must be in [0, 1) (got 1.5)"),
     (["reward.on_error=ignore"], "reward.on_error='ignore' is not one of: raise, zero"),
@@ -147,6 +163,15 @@ ERRORS = [
     (["model=tiny_moe", "algo.router_aux_loss_coef=-1"], "algo.router_aux_loss_coef must be >= 0"),
     (["data=dataset"], "data.path is required with data=dataset (a .jsonl/.csv/.parquet file"),
     (["trainer.exit_after_step=x"], "trainer.exit_after_step takes one whole step number (got 'x')"),
+    (["trainer.profile_steps=[0]"], "trainer.profile_steps takes a list of step numbers, e.g. [2,5] (got '[0]')"),
+    (["trainer.profile_steps=[2,"], "trainer.profile_steps takes a list of step numbers, e.g. [2,5] (got '[2,')"),
+    # what rlft train takes: group options by name, its own flags, no deletions
+    (["data=null"], "data= takes the name of one of its options (arithmetic, countdown, dataset"),
+    (["algo=[grpo,dapo]"], "algo= takes the name of one of its options (dapo, grpo, gspo); got '[grpo,dapo]'"),
+    (["~algo.kl_coef"], "'~algo.kl_coef': rlft keys cannot be deleted; set the key instead (algo.kl_coef=VALUE)"),
+    (["--cfg", "hydra"], "--cfg takes 'job' (rlft train --cfg job prints the composed config); got 'hydra'"),
+    (["--resolve"], "rlft train does not take '--resolve' (its flags: -m, --cfg job, --profile, --help [KEY])"),
+    (["-m", "seed=0,1", "--cfg", "job"], "--cfg job prints one run's config: it does not combine with -m"),
     # what the config points at (preflight)
     (["model.path=/no/such/model"], "model.path '/no/such/model' does not exist"),
     (["model.path=builtin:nope"], "no such built-in model (available: builtin:tiny-adder, builtin:tiny-moe)"),
@@ -198,6 +223,9 @@ def test_help_of_a_key_gives_its_type_value_choices_and_help(rlft):
     assert "algo.eps_high" in out and "clip" in out and "others: dapo, gspo" in out
     assert "compute.layout" in rlft("train", "--help", "compute").stdout
     assert "data" in rlft("train", "--help").stdout
+    out = rlft("train", "--help", "model.lora.r").stdout  # a key of a section that is off
+    assert out.startswith("model.lora.r: int") and "model.lora is null (setting this key turns it on" in out
+    assert "schema default: 16" in out
     proc = rlft("train", "--help", "algo.nope", check=False)
     assert proc.returncode == 2 and "unknown config key 'algo.nope'" in proc.stderr
 
@@ -243,3 +271,17 @@ def test_resume_keeps_the_run_and_may_move_it_to_another_placement(rlft, tmp_pat
     assert colocated.hardware.device == "cuda" and "max_batch_size" in colocated.rollout
     proc = rlft("train", f"resume={run}", "algo=grpo", check=False)
     assert proc.returncode == 2 and "resume keeps its config groups" in proc.stderr
+
+
+@pytest.mark.parametrize("text,message", [
+    ("# options: algo\nseed: 0\n", "config.yaml:1: the options line is damaged"),
+    ("# options: algo=grpo\nseed: [\n", "config.yaml: not a readable rlft config"),
+    ("# options: algo=grpo\n- 1\n", "config.yaml: not an rlft config (a mapping of groups expected)"),
+    ("# options: algo=grpo\nalgo: 3\n", "config.yaml: 'algo' is not a section"),
+    ("# options: algo=grpo\n\udcff\n", "config.yaml: cannot be read"),
+])
+def test_a_damaged_saved_config_is_named_on_resume(tmp_path, text, message):
+    from rlft.cli import resumed_overrides
+    (tmp_path / "config.yaml").write_bytes(text.encode("utf-8", "surrogateescape"))
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        resumed_overrides(tmp_path, [])

@@ -48,10 +48,10 @@ def _mend_override_application() -> None:
         return
 
     def apply_overrides(overrides, cfg: DictConfig) -> None:
-        for override in overrides:
+        for override in overrides:  # one at a time: `algo.overlong=null algo.overlong.buffer=2` turns it back on
             if override.package is None and not override.is_delete() and not override.is_sweep_override():
                 _prepare(cfg, override.key_or_group, override.value())
-        apply(overrides, cfg)
+            apply([override], cfg)
 
     apply_overrides.rlft_mended = True
     ConfigLoaderImpl._apply_overrides_to_config = staticmethod(apply_overrides)
@@ -134,10 +134,30 @@ def options_line(choices: dict[str, str]) -> str:
 
 def saved_options(config_yaml: Path) -> dict[str, str]:
     """The group options named on a saved config.yaml's first line; {} when it has none."""
-    first = config_yaml.read_text().split("\n", 1)[0]
+    try:
+        first = config_yaml.read_text(encoding="utf-8").split("\n", 1)[0]
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{config_yaml}: cannot be read ({err})") from None
     if not first.startswith("# options: "):
         return {}
-    return dict(item.split("=", 1) for item in first.removeprefix("# options: ").split())
+    items = first.removeprefix("# options: ").split()
+    if not all("=" in item for item in items):
+        raise ConfigError(f"{config_yaml}:1: the options line is damaged (GROUP=OPTION ... expected): {first}")
+    return dict(item.split("=", 1) for item in items)
+
+
+def saved_config(config_yaml: Path) -> DictConfig:
+    """A run's saved config.yaml (its values; its options line is a comment)."""
+    try:
+        values = OmegaConf.create(config_yaml.read_text(encoding="utf-8"))
+    except Exception as err:  # YAML syntax
+        raise ConfigError(f"{config_yaml}: not a readable rlft config ({str(err).splitlines()[0]})") from None
+    if not isinstance(values, DictConfig):
+        raise ConfigError(f"{config_yaml}: not an rlft config (a mapping of groups expected)")
+    for group in GROUPS:
+        if group in values and not isinstance(values._get_node(group), DictConfig):
+            raise ConfigError(f"{config_yaml}: '{group}' is not a section (damaged?)")
+    return values
 
 
 # Any process that imports this module composes with rlft's schemas (a sweep launcher's workers too).

@@ -8,7 +8,7 @@ from typing import ClassVar, Optional
 
 from omegaconf import MISSING
 
-from rlft.config.checks import at_least
+from rlft.config.checks import at_least, positive
 from rlft.errors import ConfigError
 
 
@@ -112,5 +112,7 @@ def check(cfg) -> None:
         raise ConfigError(f"data.max_operand={d.max_operand} is below data.min_operand={d.min_operand}")
     if isinstance(d, ReasoningGymData) and not d.tasks:
         raise ConfigError("data=reasoning_gym needs data.tasks, e.g. data.tasks={countdown: 1.0}")
+    for task, weight in getattr(d, "tasks", {}).items():  # sampling weights
+        positive(f"data.tasks.{task}", weight)
     if isinstance(d, DatasetData) and not d.path.strip():
         raise ConfigError("data.path is empty: name a .jsonl/.csv/.parquet file, a folder or a hub id")

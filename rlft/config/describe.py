@@ -114,8 +114,11 @@ def key_help(key: str, cfg: DictConfig, choices: dict[str, str]) -> str:
     schema, name = found
     hint = schema_fields(schema)[name]
     value = OmegaConf.to_yaml(OmegaConf.create({"v": _plain(node)})).strip()[3:] if node is not None else "null"
-    if OmegaConf.is_missing(OmegaConf.select(cfg, key.rpartition(".")[0]) if "." in key else cfg, name):
+    parent = OmegaConf.select(cfg, key.rpartition(".")[0]) if "." in key else cfg
+    if isinstance(parent, DictConfig) and OmegaConf.is_missing(parent, name):
         value = "??? (required)"
+    elif parent is None:  # a key of an optional section that is off: its default, once the section is on
+        value = f"none: {key.rpartition('.')[0]} is null (setting this key turns it on, defaults for the rest)"
     group = key.split(".")[0]
     where = f" (with {group}={choices[group]})" if group in choices and group not in ("algo", "model") else ""
     lines = [f"{key}: {type_name(hint)}", f"  value{where}: {value}"]

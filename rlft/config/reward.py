@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Optional
 
-from rlft.config.checks import at_least, positive
+from rlft.config.checks import at_least, finite, positive
 from rlft.rewards.builtin import THINK_ANSWER
 
 OnError = StrEnum("OnError", {"raise": "raise", "zero": "zero"}, module=__name__)  # `raise` is a keyword: no class body
@@ -48,6 +48,8 @@ def check(cfg) -> None:
     """(fns and weights are checked where they are resolved, rlft.rewards.scorer, in preflight)"""
     r = cfg.reward
     positive("reward.timeout_s", r.timeout_s)
+    for index, weight in enumerate(r.weights or []):  # negative is allowed: a penalty term
+        finite(f"reward.weights[{index}]", weight)
     if isinstance(r, CodeTestsReward):
         positive("reward.sandbox_timeout_s", r.sandbox_timeout_s)
         at_least("reward.sandbox_memory_mb", r.sandbox_memory_mb, 16)

@@ -103,6 +103,9 @@ def check(cfg: RunConfig) -> None:
     at_least("trainer.keep_checkpoints", t.keep_checkpoints, 1)
     if t.epochs is not None:
         positive("trainer.epochs", t.epochs)
+        if t.steps != TrainerConfig.steps:
+            raise ConfigError(f"trainer.epochs={t.epochs} decides the number of steps: it does not combine with "
+                              f"trainer.steps={t.steps} (set one)")
     positive("optim.lr", o.lr)
     at_least("optim.warmup_steps", o.warmup_steps, 0)
     at_least("optim.weight_decay", o.weight_decay, 0)
