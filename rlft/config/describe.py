@@ -117,7 +117,7 @@ def key_help(key: str, cfg: DictConfig, choices: dict[str, str]) -> str:
     parent = OmegaConf.select(cfg, key.rpartition(".")[0]) if "." in key else cfg
     if isinstance(parent, DictConfig) and OmegaConf.is_missing(parent, name):
         value = "??? (required)"
-    elif parent is None:  # a key of an optional section that is off: its default, once the section is on
+    elif parent is None:  # a key of an optional section that is off (its schema default is shown below)
         value = f"none: {key.rpartition('.')[0]} is null (setting this key turns it on, defaults for the rest)"
     group = key.split(".")[0]
     where = f" (with {group}={choices[group]})" if group in choices and group not in ("algo", "model") else ""

@@ -12,9 +12,7 @@ from pathlib import Path
 from statistics import mean
 
 from hydra.experimental.callback import Callback
-from omegaconf import OmegaConf
-
-from rlft.config.compose import saved_options
+from rlft.config.compose import saved_config, saved_options
 from rlft.tooling.metrics import EVAL_ACCURACY, STEP_SECONDS, TRAIN_REWARD, TRAIN_TOKENS
 
 COLUMNS = ["held-out before", "held-out after", "first eval step >= 0.9", "train reward (last 10 steps)",
@@ -37,7 +35,7 @@ def summarize_run(run_dir: Path) -> dict:
     evals = [r for r in rows if r.get("kind") == "eval"]
     steps = [r for r in rows if r.get("kind") != "eval"]
     rewards = [r[TRAIN_REWARD] for r in steps if TRAIN_REWARD in r][-10:]
-    config = OmegaConf.load(run_dir / "config.yaml")
+    config = saved_config(run_dir / "config.yaml")
     return {
         "run": run_dir.name,
         "algo": saved_options(run_dir / "config.yaml").get("algo", "?"),
