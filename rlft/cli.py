@@ -7,6 +7,7 @@ data file) end the command with one line naming the problem and what is allowed,
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -48,9 +49,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def train_command(args: list[str]) -> int:
     from rlft.config.describe import describe_config_error
-    from rlft.errors import UserError, WorkerDied
+    from rlft.errors import Interrupted, UserError, WorkerDied
 
     overrides = args
+    signal.signal(signal.SIGTERM, _terminated)  # a scheduler's stop ends like Ctrl-C: one line, checkpoint named
+    controls = None
     try:
         controls, overrides = split_controls(args)
         if "--help" in overrides or "-h" in overrides:
@@ -67,10 +70,18 @@ def train_command(args: list[str]) -> int:
         if cfg_job_requested(overrides):
             return print_config([o for o in overrides if o not in ("--cfg", "job", "-c")], saved)
         return run_one(overrides, controls, saved)
+    except Interrupted as err:
+        return _fail(str(err), code=130)
+    except KeyboardInterrupt:  # before the training loop started (it reports its own)
+        resumed = controls.resume if controls is not None else None
+        return _fail("interrupted during start-up" + (f"; the run's checkpoints are as they were: rlft train "
+                                                      f"resume={resumed}" if resumed else ""), code=130)
     except (UserError, WorkerDied) as err:
         return _fail(str(err))
-    except Exception as err:  # only Hydra/OmegaConf config errors are reworded; anything else is a bug
+    except Exception as err:  # Hydra/OmegaConf config errors and the disk's are reworded; anything else is a bug
         message = describe_config_error(err, choices_for(overrides))
+        if message is None and isinstance(err, OSError) and err.filename:  # full, read-only, gone
+            message = f"{err.strerror or err}: {err.filename}"
         if message is None:
             raise
         return _fail(message)
@@ -348,9 +359,13 @@ def quiet_transformers() -> None:
     hf_logging.set_verbosity_error()
 
 
-def _fail(message: str) -> int:
+def _fail(message: str, code: int = 2) -> int:
     print(f"rlft: error: {message}", file=sys.stderr)
-    return 2
+    return code
+
+
+def _terminated(signum, frame):
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

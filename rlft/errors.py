@@ -12,3 +12,15 @@ class RewardError(UserError):
 
 class WorkerDied(RuntimeError):
     """A learner rank (or a rollout worker past its restarts) died; the last checkpoint is intact."""
+
+
+class NonFiniteWeights(UserError):
+    """An update made the weights NaN or infinite; nothing of it was saved, the last checkpoint is intact."""
+
+
+class NonFiniteUpdates(UserError):
+    """trainer.max_nonfinite_steps steps in a row had a non-finite loss or gradient norm."""
+
+
+class Interrupted(UserError):
+    """SIGINT or SIGTERM; the message names the last intact checkpoint."""

@@ -7,14 +7,18 @@ the config, are computed once here and printed at start.
 from __future__ import annotations
 
 import math
+import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlft.checkpoint import latest_checkpoint
 from rlft.config import RunConfig, validate
 from rlft.data import load_task
-from rlft.data.prompts import PromptEncoder, drop_long_prompts
+from rlft.data.prompts import PromptEncoder, context_limit, describe_limit, drop_long_prompts
 from rlft.errors import ConfigError
+from rlft.models.checks import (ModelShape, available_memory_bytes, check_attention, check_context,
+                                check_lora_targets, check_weight_files, read_model_config, shape_of, step_bytes)
 from rlft.models.loading import load_tokenizer, resolve_model_path
 from rlft.rewards.scorer import RewardScorer
 from rlft.types import Problem
@@ -39,7 +43,8 @@ class Prepared:
     scorer: RewardScorer
     steps: int                              # trainer.steps, or as many as trainer.epochs needs
     resume_from: Path | None = None         # the checkpoint folder to continue from
-    dropped: tuple[int, int] = (0, 0)       # training and held-out prompts longer than data.max_prompt_tokens
+    dropped: tuple[int, int] = (0, 0)       # training and held-out prompts longer than prompt_limit allows
+    prompt_limit: str = ""                  # what sets the longest prompt kept (describe_limit's words)
     notes: list[str] = field(default_factory=list)
 
 
@@ -47,28 +52,33 @@ def preflight(cfg: RunConfig, controls: RunControls = RunControls()) -> Prepared
     validate(cfg)
     check_environment(cfg)
     model_path = resolve_model_path(cfg.model.path)
-    if cfg.algo.routing_replay:
-        check_mixture_of_experts(model_path, cfg.algo.routing_replay)
+    shape = check_model(cfg, model_path)
     tokenizer = load_tokenizer(model_path)
     data = cfg.data
     encode = PromptEncoder(tokenizer, getattr(data, "chat_template", None), getattr(data, "system_prompt", None))
     train, held_out = load_task(data)
-    limit = getattr(data, "max_prompt_tokens", None)
-    train, dropped_train = drop_long_prompts(train, encode, limit, "training")
-    held_out, dropped_eval = drop_long_prompts(held_out, encode, limit, "held-out")
+    # A prompt that can't fit with a response in the model's context is dropped, max_prompt_tokens or not.
+    limits = (shape.context, cfg.rollout.max_new_tokens, getattr(data, "max_prompt_tokens", None))
+    limit, reason = context_limit(*limits), describe_limit(*limits)
+    train, dropped_train = drop_long_prompts(train, encode, limit, "training", reason)
+    held_out, dropped_eval = drop_long_prompts(held_out, encode, limit, "held-out", reason)
     scorer = RewardScorer(cfg.reward, max_response_tokens=cfg.rollout.max_new_tokens)
     steps = steps_for(cfg.trainer, len(train))
     resume_from = latest_checkpoint(controls.resume) if controls.resume else None
+    if controls.resume and resume_from is None:
+        print(f"rlft: warning: {controls.resume} has no checkpoint yet: the run starts again from step 0",
+              file=sys.stderr)
     if controls.exit_after_step is not None and not 1 <= controls.exit_after_step <= steps:
         raise ConfigError(f"trainer.exit_after_step must be in [1, trainer.steps={steps}] "
                           f"(got {controls.exit_after_step})")
     return Prepared(model_path, tokenizer, encode, train, held_out, scorer, steps, resume_from,
-                    (dropped_train, dropped_eval))
+                    (dropped_train, dropped_eval), reason)
 
 
 def check_environment(cfg: RunConfig) -> None:
     """The device and the libraries the config needs, here (Ray actors check their own)."""
     import torch
+    torch_threads(default=1)  # a malformed OMP_NUM_THREADS
     if cfg.hardware.device == "cuda" and not cfg.hardware.ray and not torch.cuda.is_available():
         raise ConfigError("hardware.device=cuda but torch sees no GPU here (hardware=cpu runs on the CPU)")
     if cfg.rollout.engine == "vllm":
@@ -77,10 +87,49 @@ def check_environment(cfg: RunConfig) -> None:
             raise ConfigError(INSTALL_HINT)
 
 
-def check_mixture_of_experts(model_path: str, routing_replay) -> None:
+def torch_threads(default: int) -> int:
+    """OMP_NUM_THREADS when it is set (the usual way to give torch fewer threads), else `default`."""
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if not value:
+        return default
+    if not value.isdigit() or int(value) < 1:
+        raise ConfigError(f"the OMP_NUM_THREADS environment variable must be a whole number >= 1 (got '{value}')")
+    return int(value)
+
+
+def check_model(cfg: RunConfig, model_path: str) -> ModelShape:
+    """The model's config and weight files, and what the run asks of it (rlft.models.checks), from its
+    config.json and the files' headers: no weights are read."""
+    config = read_model_config(model_path)
+    check_weight_files(model_path)
+    shape = shape_of(config)
+    check_context(shape, cfg.rollout.max_new_tokens)
+    check_attention(cfg.compute.attn_implementation, cfg.hardware.device)
+    if cfg.model.lora is not None:
+        check_lora_targets(config, list(cfg.model.lora.target_modules))
+    if cfg.algo.routing_replay:
+        check_mixture_of_experts(config, model_path, cfg.algo.routing_replay)
+    check_memory(cfg, shape)
+    return shape  # its context bounds the prompts (preflight)
+
+
+def check_memory(cfg: RunConfig, shape) -> None:
+    """Sizes so large that a step cannot fit here fail now, not at an out-of-memory kill mid-step."""
+    responses = cfg.trainer.prompts_per_step * cfg.algo.group_size
+    micro_batch = min(cfg.compute.micro_batch_size or responses, responses)
+    engine_batch = min(getattr(cfg.rollout, "max_batch_size", 0), responses)  # vLLM bounds its own cache
+    needed = step_bytes(shape, responses, micro_batch, cfg.rollout.max_new_tokens + 1, engine_batch)
+    available = available_memory_bytes(cfg.hardware.device)
+    if available is not None and needed > available:
+        raise ConfigError(
+            f"a step needs at least {needed / 2 ** 30:.1f} GiB ({responses} responses of up to "
+            f"{cfg.rollout.max_new_tokens} tokens, {micro_batch} per training pass, {engine_batch} generated at "
+            f"once) but this machine has {available / 2 ** 30:.1f} GiB: lower trainer.prompts_per_step, "
+            "algo.group_size or rollout.max_new_tokens, or set compute.micro_batch_size and rollout.max_batch_size")
+
+
+def check_mixture_of_experts(config, model_path: str, routing_replay) -> None:
     """Routing replay needs routers: read from the model's config.json, before its weights are loaded."""
-    from transformers import AutoConfig
-    config = AutoConfig.from_pretrained(model_path)
     experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
     if not experts:
         value = str(routing_replay).lower()
@@ -112,7 +161,7 @@ def describe_run(cfg: RunConfig, prepared: Prepared, start_step: int) -> str:
     ]
     if any(prepared.dropped):
         lines.append(f"      dropped {prepared.dropped[0]} training and {prepared.dropped[1]} held-out prompts longer "
-                     f"than data.max_prompt_tokens={cfg.data.max_prompt_tokens}")
+                     f"than {prepared.prompt_limit}")
     if prepared.encode.chat:
         lines.append("      prompts rendered with the tokenizer's chat template"
                      + (" and data.system_prompt" if getattr(cfg.data, "system_prompt", None) else ""))

@@ -65,7 +65,21 @@ def import_function(path: str, key: str) -> Callable:
         module = importlib.import_module(module_name)
     except ImportError as err:
         raise ConfigError(f"{key} '{path}': cannot import module '{module_name}' ({err})") from None
+    except SyntaxError as err:  # the user's file and line, as Python would point at them
+        raise ConfigError(f"{key} '{path}': {err.filename}:{err.lineno}: {type(err).__name__}: {err.msg}") from None
+    except Exception as err:  # the module raised while it was imported
+        where = _innermost_frame(err)
+        raise ConfigError(f"{key} '{path}': importing '{module_name}' raised {type(err).__name__}: {err}"
+                          f"{f' ({where})' if where else ''}") from None
     fn = getattr(module, attribute, None)
     if not callable(fn):
         raise ConfigError(f"{key} '{path}': module '{module_name}' has no function '{attribute}' (use module:function)")
     return fn
+
+
+def _innermost_frame(err: BaseException) -> str:
+    """file:line where an exception was raised."""
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}" if tb is not None else ""

@@ -26,32 +26,42 @@ from rlft.algos.shaping import kl_in_reward
 from rlft.config import RunConfig
 from rlft.config.compose import options_line
 from rlft.data.sampler import PromptSampler
-from rlft.errors import RewardError, WorkerDied
+from rlft.errors import Interrupted, NonFiniteUpdates, NonFiniteWeights, RewardError, UserError, WorkerDied
 from rlft.learner.local import LocalLearner
-from rlft.preflight import Prepared, RunControls, describe_run, preflight
+from rlft.preflight import Prepared, RunControls, describe_run, preflight, torch_threads
 from rlft.rollout import engine_for
+from rlft.run_dir import RunLock, check_unused
 from rlft.rollout.collect import Collector, Overlong
 from rlft.tooling.metrics import EVAL_ACCURACY, Stopwatch, collected_row, eval_row, step_row
 from rlft.tooling.monitor import Monitor, read_metrics, truncate_metrics
 from rlft.tooling.profiling import StepProfiler
-from rlft.types import Learner, SamplingParams, TrainBatch, TrainerState
+from rlft.types import Learner, SamplingParams, TrainBatch, TrainerState, UpdateStats
 
 
 def train(cfg: RunConfig, run_dir: Path, controls: RunControls = RunControls(),
           options: dict[str, str] | None = None) -> dict:
     """One run into `run_dir`; `options`: the group options it was composed from (kept with its config,
     for resume). Returns the summary (held-out accuracy before and after)."""
+    if controls.resume is None:
+        check_unused(run_dir)  # a fresh run never writes over (or appends to) another
     prepared = preflight(cfg, controls)  # every check, before any model is loaded
-    torch.set_num_threads(cfg.compute.num_threads or len(os.sched_getaffinity(0)))
-    torch.manual_seed(cfg.seed)
     run_dir.mkdir(parents=True, exist_ok=True)
-    header = options_line(options) + "\n" if options else ""
-    (run_dir / "config.yaml").write_text(header + OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    with RunLock(run_dir):  # one run at a time in a directory
+        if controls.resume is None:
+            check_unused(run_dir)  # again, now that no other run can start here
+        header = options_line(options) + "\n" if options else ""
+        (run_dir / "config.yaml").write_text(header + OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+        return _train(cfg, run_dir, controls, prepared)
+
+
+def _train(cfg: RunConfig, run_dir: Path, controls: RunControls, prepared: Prepared) -> dict:
+    torch.set_num_threads(torch_threads(default=len(os.sched_getaffinity(0))))
+    torch.manual_seed(cfg.seed)
     cluster = None
     try:
         if cfg.hardware.ray:  # learner ranks and rollout workers as Ray actors
             from rlft.distributed.placement import ActorSetup, RayCluster
-            setup = ActorSetup(cfg.hardware, threads=cfg.compute.num_threads or cfg.hardware.cpus_per_actor,
+            setup = ActorSetup(cfg.hardware, threads=torch_threads(default=cfg.hardware.cpus_per_actor),
                                seed=cfg.seed, bucket_bytes=getattr(cfg.rollout, "sync_bucket_mb", 256) * 2 ** 20)
             cluster = RayCluster(setup, run_dir, partial(LocalLearner, cfg, prepared.model_path),
                                  partial(engine_for, cfg, prepared.model_path), prepared.tokenizer.pad_token_id)
@@ -76,7 +86,8 @@ class Loop:
         if state is not None:
             self.start_step = state.step
             torch.set_rng_state(state.torch_rng)
-            truncate_metrics(run_dir / "metrics.jsonl", state.step)
+        if controls.resume is not None:  # rows after the checkpoint (all, without one) are logged again
+            truncate_metrics(run_dir / "metrics.jsonl", state.step if state is not None else -1)
         overlong = None
         if algo.overlong is not None and algo.overlong.enabled:
             overlong = Overlong(max_len=rollout.max_new_tokens, penalty=algo.overlong.penalty,
@@ -96,6 +107,7 @@ class Loop:
             learner.push_weights(engine)
         self.monitor = Monitor(run_dir, prepared.steps, self.start_step, cfg.logger.console, wandb=self._wandb())
         self.saved = [self.start_step]  # steps checkpointed by this invocation, newest last
+        self.nonfinite_streak = 0       # steps in a row whose update was not applied (not finite)
 
     def step(self, step: int) -> bool:
         """One step of the algorithm; True when this invocation stops after it."""
@@ -128,6 +140,7 @@ class Loop:
         lr = lr_at(step, self.cfg.optim.lr, self.cfg.optim.warmup_steps)
         with clock("train"):
             stats = self.learner.update(TrainBatch(rollout, advantages, loss_mask, ref_logp), settings, lr)
+        self.count_nonfinite(step, stats)  # a non-finite update was not applied; too many in a row stop the run
 
         # ---- 7. Push the new weights to the rollout engine (once it has collected the next batch).
         sync, waited = self.collector.push_weights(self.learner)
@@ -149,10 +162,14 @@ class Loop:
                 if self.step(step):
                     break
             profiler.stop()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (rlft.cli turns it into one)
             self.monitor.close()
-            raise SystemExit(f"\ninterrupted during step {step}; {self.resume_hint()}") from None
-        except (RewardError, WorkerDied) as err:
+            raise Interrupted(f"interrupted during step {step}; {self.resume_hint()}") from None
+        except OSError as err:  # a full disk, a run directory gone
+            self.monitor.close()
+            raise UserError(f"{err.strerror or err} ({err.filename or 'writing the run'}) during step {step}; "
+                            f"{self.resume_hint()}") from None
+        except (RewardError, WorkerDied, NonFiniteWeights, NonFiniteUpdates) as err:
             self.monitor.close()
             raise type(err)(f"{err} [step {step}; {self.resume_hint()}]") from err
         finally:
@@ -166,6 +183,18 @@ class Loop:
         summary = summarize(self.run_dir, step)
         self.monitor.print(format_summary(summary))
         return summary
+
+    def count_nonfinite(self, step: int, stats: UpdateStats) -> None:
+        if not stats.skipped_updates:
+            self.nonfinite_streak = 0
+            return
+        self.nonfinite_streak += 1
+        limit = self.cfg.trainer.max_nonfinite_steps
+        message = (f"{stats.nonfinite}: {stats.skipped_updates} of {self.cfg.algo.ppo_epochs} updates not applied "
+                   f"({self.nonfinite_streak} such step(s) in a row; trainer.max_nonfinite_steps={limit})")
+        if self.nonfinite_streak >= limit:
+            raise NonFiniteUpdates(message)  # run() adds the step and the checkpoint to resume from
+        self.monitor.warn(f"step {step}: {message}")
 
     def checkpoint_due(self, step: int) -> bool:
         return step % self.cfg.trainer.save_every == 0 or step in (self.prepared.steps, self.controls.exit_after_step)
@@ -189,7 +218,7 @@ class Loop:
 
     def resume_hint(self) -> str:
         if self.saved[-1] == 0:
-            return "no checkpoint was written yet"
+            return f"no checkpoint was written yet (rlft train resume={self.run_dir} starts the run again)"
         return f"the checkpoint of step {self.saved[-1]} is intact: rlft train resume={self.run_dir}"
 
     def _wandb(self):

@@ -199,6 +199,8 @@ class UpdateStats:
     ratio_min: float | None = None
     ratio_max: float | None = None
     routing: RoutingStats | None = None  # mixture-of-experts policies only
+    skipped_updates: int = 0           # optimizer steps not applied: their loss or gradient norm was not finite
+    nonfinite: str | None = None       # the first non-finite quantity of those, e.g. "loss = nan"
 
 
 @dataclass(frozen=True)

@@ -161,7 +161,7 @@ ERRORS = [
      "1 prompts/step x 2 = 2 responses cannot feed hardware.learner_ranks=4"),
     (["model=tiny_moe", "algo.routing_replay=engine"], "algo.routing_replay='engine' is not one of: false, true"),
     (["model=tiny_moe", "algo.router_aux_loss_coef=-1"], "algo.router_aux_loss_coef must be >= 0"),
-    (["data=dataset"], "data.path is required with data=dataset (a .jsonl/.csv/.parquet file"),
+    (["data=dataset"], "data.path is required with data=dataset (a .jsonl/.json/.csv/.parquet file"),
     (["trainer.exit_after_step=x"], "trainer.exit_after_step takes one whole step number (got 'x')"),
     (["trainer.profile_steps=[0]"], "trainer.profile_steps takes a list of step numbers, e.g. [2,5] (got '[0]')"),
     (["trainer.profile_steps=[2,"], "trainer.profile_steps takes a list of step numbers, e.g. [2,5] (got '[2,')"),

@@ -178,3 +178,149 @@ def test_chat_template_renders_prompts_and_long_ones_are_dropped():
     assert [p.prompt for p in kept] == ["1+1="] and dropped == 1
     with pytest.raises(ConfigError, match="every one of the 2 training prompts is longer"):
         drop_long_prompts(problems, plain, max_tokens=2, what="training")
+
+
+# ---- strict rows (issue 21): prompt and answer types, encodings, line ends, JSON arrays, CSV cells
+
+def _load(path, map_fn=None):
+    return load_problems(str(path), "train", "prompt", "answer", map_fn)
+
+
+@pytest.mark.parametrize("line,message", [
+    ('{"prompt": "1+1=", "answer": null}', r"d\.jsonl:2: answer 'answer' is null"),
+    ('{"prompt": ["1+1="], "answer": "2"}', r"d\.jsonl:2: prompt 'prompt' is a list, not a string"),
+    ('{"prompt": "1+1=", "answer": {"value": 2}}', r"d\.jsonl:2: answer 'answer' is a dict, not a string or number"),
+    ('{"prompt": "1+1=", "answer": true}', r"d\.jsonl:2: answer 'answer' is a bool \(True\)"),
+    ('{"prompt": "1+1=", "answer": NaN}', r"d\.jsonl:2: answer 'answer' is nan, not a finite number"),
+    ('{"prompt": "1+1=", "answer": -Infinity}', r"d\.jsonl:2: answer 'answer' is -inf, not a finite number"),
+    ('{"prompt": "1+1=", "answer": " "}', r"d\.jsonl:2: empty answer \(answer 'answer' holds only whitespace\)"),
+    ('{"prompt": 12, "answer": "2"}', r"d\.jsonl:2: prompt 'prompt' is an int, not a string"),
+    ('{"prompt": null, "answer": "2"}', r"d\.jsonl:2: prompt 'prompt' is null"),
+    ('{"prompt": "1+1=", "answer": "2", "answer": "3"}', r"d\.jsonl:2: key 'answer' appears more than once"),
+])
+def test_prompt_and_answer_are_strict_with_the_line_named(tmp_path, line, message):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "0+1=", "answer": "1"}\n' + line + "\n")
+    with pytest.raises(ConfigError, match=message):
+        _load(data)
+
+
+def test_numeric_answers_get_one_written_form_and_other_fields_stay_as_they_are(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "a", "answer": 42}\n{"prompt": "b", "answer": 42.0}\n{"prompt": "c", "answer": 0.5}\n'
+                    '{"prompt": "d", "answer": 1e300, "x": null, "y": [1, {"k": 1, "k": 2}], "z": true, "z": false}\n')
+    rows = _load(data)
+    assert [r.answer for r in rows] == ["42", "42", "0.5", "1e+300"]
+    assert rows[3].fields == {"x": None, "y": [1, {"k": 2}], "z": False}  # other fields: JSON's last-wins
+
+
+def test_csv_rows_need_every_cell_and_a_prompt_and_answer(tmp_path):
+    short = tmp_path / "short.csv"
+    short.write_text("prompt,answer,topic\n1+1=,2,add\n2+2=,4\n")
+    with pytest.raises(ConfigError, match=r"short\.csv:3: 2 cells, but the header has 3 columns"):
+        _load(short)
+    empty = tmp_path / "empty.csv"
+    empty.write_text("prompt,answer,topic\n1+1=,,add\n")
+    with pytest.raises(ConfigError, match=r"empty\.csv:2: empty answer \(answer 'answer' holds nothing\)"):
+        _load(empty)
+    (tmp_path / "ok.csv").write_text("prompt,answer,topic\n\n1+1=,2,\n")  # an empty other cell stays ""
+    rows = _load(tmp_path / "ok.csv")
+    assert [(r.prompt, r.answer, r.fields) for r in rows] == [("1+1=", "2", {"topic": ""})]
+    (tmp_path / "twice.csv").write_text("prompt,answer,answer\n1+1=,2,3\n")
+    with pytest.raises(ConfigError, match=r"twice\.csv:1: column 'answer' appears more than once"):
+        _load(tmp_path / "twice.csv")
+
+
+@pytest.mark.parametrize("name,text", [
+    ("l.jsonl", '{"prompt": "1+1=", "answer": "2"}\n{"prompt": "caf\u00e9", "answer": "1"}\n'),
+    ("l.csv", "prompt,answer\ncaf\u00e9,1\n1+1=,2\n"),
+    ("l.json", '[{"prompt": "1+1=", "answer": "2"},\n {"prompt": "caf\u00e9", "answer": "1"}]\n'),
+])
+def test_a_file_that_is_not_utf8_names_its_line(tmp_path, name, text):
+    data = tmp_path / name
+    data.write_bytes(text.encode("latin-1"))
+    column = text.splitlines()[1].index("\u00e9") + 1
+    with pytest.raises(ConfigError, match=rf"l\.{name[2:]}:2: not UTF-8 \(byte 0xe9 at column {column}\)"):
+        _load(data)
+
+
+@pytest.mark.parametrize("bom", ["", "\ufeff"])
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+def test_byte_order_marks_and_crlf_line_ends_read_cleanly(tmp_path, bom, newline):
+    rows = ['{"prompt": "1+1=", "answer": "2"}', '{"prompt": "2+2=", "answer": "4"}']
+    (tmp_path / "d.jsonl").write_bytes((bom + newline.join(rows) + newline).encode())
+    (tmp_path / "d.csv").write_bytes((bom + newline.join(["prompt,answer", "1+1=,2", '"2+2=",4']) + newline).encode())
+    (tmp_path / "d.json").write_bytes((bom + "[" + ("," + newline).join(rows) + "]" + newline).encode())
+    for name in ("d.jsonl", "d.csv", "d.json"):
+        assert [(r.prompt, r.answer) for r in _load(tmp_path / name)] == [("1+1=", "2"), ("2+2=", "4")], name
+
+
+def test_a_json_file_is_an_array_of_rows_or_json_lines(tmp_path):
+    array = tmp_path / "a.json"
+    array.write_text('[\n  {"prompt": "1+1=", "answer": 2, "level": 1},\n  {"prompt": "2+2=", "answer": "4"}\n]\n')
+    rows = _load(array)
+    assert [(r.prompt, r.answer, r.fields) for r in rows] == [("1+1=", "2", {"level": 1}), ("2+2=", "4", {})]
+    lines = tmp_path / "l.json"
+    lines.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", "answer": "4"}\n')
+    assert [r.prompt for r in _load(lines)] == ["1+1=", "2+2="]
+    for text, message in {
+        '[{"prompt": "x", "answer": "1"}, {"prompt": "y", "answer": null}]': r"a\.json row 1: answer 'answer' is null",
+        '[{"prompt": "x", "answer": "1"}, ["y", "2"]]': r"a\.json row 1: expected a JSON object, got a list",
+        '[{"prompt": "x", "answer": "1"},\n {"prompt": "y" "answer": "2"}]': r"a\.json:2: not valid JSON",
+        '[]': "has no rows",
+    }.items():
+        array.write_text(text)
+        with pytest.raises(ConfigError, match=message):
+            _load(array)
+
+
+def test_empty_files_and_a_directory_named_like_a_file(tmp_path):
+    for name, text in [("e.jsonl", ""), ("b.jsonl", "\n  \n\r\n"), ("e.csv", ""), ("h.csv", "prompt,answer\n\n"),
+                       ("e.json", ""), ("b.json", " \n")]:
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ConfigError, match=r"has no rows"):
+            _load(tmp_path / name)
+    (tmp_path / "dir.jsonl").mkdir()
+    with pytest.raises(ConfigError, match=r"data file '.*dir\.jsonl' is a directory"):
+        _load(tmp_path / "dir.jsonl")
+
+
+def test_parquet_prompt_and_answer_columns_are_strict_too(tmp_path):
+    import pyarrow
+    import pyarrow.parquet
+    pyarrow.parquet.write_table(pyarrow.table({"prompt": ["a?", "b?"], "answer": [1, 22]}), tmp_path / "i.parquet")
+    assert [r.answer for r in _load(tmp_path / "i.parquet")] == ["1", "22"]
+    pyarrow.parquet.write_table(pyarrow.table({"prompt": ["a?", "b?"], "answer": ["1", None]}), tmp_path / "n.parquet")
+    with pytest.raises(ConfigError, match=r"n\.parquet row 1: answer 'answer' is null"):
+        _load(tmp_path / "n.parquet")
+
+
+def test_what_a_mapping_function_returns_is_checked_the_same_way(tmp_path, monkeypatch):
+    (tmp_path / "strict_map.py").write_text("def listed(row):\n    return {'prompt': row['q'], 'answer': [row['a']]}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "d.jsonl").write_text('{"q": "1+1=", "a": "2"}\n')
+    with pytest.raises(ConfigError, match=r"d\.jsonl:1: answer 'answer' from data.map_fn 'strict_map:listed' is a "
+                                          r"list, not a string or number"):
+        _load(tmp_path / "d.jsonl", "strict_map:listed")
+
+
+def test_prompts_are_limited_to_what_fits_in_the_models_context_with_a_response():
+    from rlft.data.prompts import context_limit, describe_limit, drop_long_prompts
+    from rlft.types import Problem
+    assert context_limit(None, 256, None) is None                  # nothing known: no limit
+    assert context_limit(None, 256, 100) == 100
+    assert context_limit(2048, 256, None) == 1792                  # the context decides, without max_prompt_tokens
+    assert context_limit(2048, 256, 512) == 512 and context_limit(2048, 256, 4096) == 1792
+    with pytest.raises(ConfigError, match="rollout.max_new_tokens=64 leaves no room for a prompt in the model's "
+                                          "context of 64 positions"):
+        context_limit(64, 64, None)
+    assert describe_limit(2048, 256, 512) == "data.max_prompt_tokens=512"
+    assert describe_limit(2048, 256, None) == ("the model's context (2048 positions - rollout.max_new_tokens=256 "
+                                               "= 1792 prompt tokens)")
+    # With no data.max_prompt_tokens, what can't fit with its response is dropped and counted all the same.
+    problems, limits = [Problem("1+1=", "2"), Problem("9" * 60, "1")], (64, 8, None)
+    kept, dropped = drop_long_prompts(problems, list, context_limit(*limits), "training", describe_limit(*limits))
+    assert [p.prompt for p in kept] == ["1+1="] and dropped == 1
+    with pytest.raises(ConfigError, match=r"the model's context \(64 positions - rollout.max_new_tokens=8 = 56 prompt "
+                                          r"tokens\): every one of the 1 held-out prompts is longer"):
+        drop_long_prompts(problems[1:], list, context_limit(*limits), "held-out", describe_limit(*limits))

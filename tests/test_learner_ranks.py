@@ -5,7 +5,6 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from conftest import free_port
 from safetensors.torch import load_file, save_file
 from test_learner import SETTINGS, batch_and_path
 
@@ -32,10 +31,11 @@ def train(learner: Policy, batch, settings=(SETTINGS, SETTINGS_DAPO, SETTINGS)) 
     return rows
 
 
-def rank_main(rank: int, port: int, out: str, fsdp: bool) -> None:
+def rank_main(rank: int, out: str, fsdp: bool) -> None:
     # the batch comes from the parent: sampling it here could differ by thread count
     path, batch = torch.load(f"{out}.batch", weights_only=False)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    # a file store in the test's own folder: no port to race for on a busy machine
+    dist.init_process_group("gloo", init_method=f"file://{out}.store", rank=rank, world_size=2)
     learner = make_learner(path, dist.group.WORLD, fsdp)
     metrics = train(learner, batch)
     weights = {n: t.clone() for n, t in learner.full_weights().items()}  # a collective under FSDP
@@ -53,7 +53,7 @@ def test_two_ranks_train_like_one(tmp_path, fsdp, model):
     out = str(tmp_path / "rank")
     path, batch = batch_and_path(model)
     torch.save((path, batch), f"{out}.batch")
-    mp.start_processes(rank_main, args=(free_port(), out, fsdp), nprocs=2, start_method="spawn", join=True)
+    mp.start_processes(rank_main, args=(out, fsdp), nprocs=2, start_method="spawn", join=True)
     one = make_learner(path)
     one_metrics = train(one, batch)
     one_weights = {n: p.detach().clone() for n, p in one.model.named_parameters()}
@@ -87,7 +87,7 @@ def test_sharded_state_resumes_on_one_rank(tmp_path):
     out = str(tmp_path / "rank")
     path, batch = batch_and_path()
     torch.save((path, batch), f"{out}.batch")
-    mp.start_processes(rank_main, args=(free_port(), out, True), nprocs=2, start_method="spawn", join=True)
+    mp.start_processes(rank_main, args=(out, True), nprocs=2, start_method="spawn", join=True)
     resumed = make_learner(path)
     resumed.load_full_state(load_file(f"{out}.0"), torch.load(f"{out}.0.optimizer"))
     straight = make_learner(path)

@@ -10,12 +10,19 @@ from conftest import read_metrics
 
 pytestmark = pytest.mark.slow
 
-# 3 steps of 8 prompts x 4; one torch thread everywhere, so that the two placements sample alike.
+# 3 steps of 8 prompts x 4; one torch thread everywhere (one_thread), so that the two placements sample alike.
 RUN = ["trainer.steps=3", "trainer.prompts_per_step=8", "algo.group_size=4", "data.eval_size=50",
-       "trainer.eval_every=3", "logger.console=false", "compute.num_threads=1"]
+       "trainer.eval_every=3", "logger.console=false"]
 EXACT = ("step", "kind", "train/reward_mean", "train/accuracy", "rollout/response_len_mean", "rollout/tokens",
          "rollout/groups", "eval/accuracy", "sync/bytes")
 CLOSE = ("train/loss", "train/kl_ref", "train/grad_norm", "train/entropy", "train/clip_frac")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "1")
+        yield
 
 
 def assert_same_run(ours: list[dict], theirs: list[dict]) -> None:
@@ -83,7 +90,7 @@ def test_a_dead_learner_rank_stops_cleanly_and_the_checkpoint_resumes_on_one_ran
     assert (run / "checkpoints" / "latest").read_text() == "step_000002"
     assert not (run / "final_model").exists()
     monkeypatch.delenv("RLFT_FAULT_LEARNER_EXIT_AT_UPDATE")
-    rlft("train", f"resume={run}", "hardware=cpu", "compute.num_threads=1")  # one rank, no Ray
+    rlft("train", f"resume={run}", "hardware=cpu")  # one rank, no Ray
     assert_same_run(read_metrics(run), read_metrics(one_process_run))
     assert_same_weights(run, one_process_run)
 

@@ -1,5 +1,7 @@
 """The bucketed broadcast moves every tensor exactly, between two real processes over gloo."""
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -22,11 +24,11 @@ def weights(seed: int) -> dict[str, torch.Tensor]:
     }
 
 
-def worker(rank: int, ports: tuple[int, int], out: str) -> None:
+def worker(rank: int, port: int, out: str) -> None:
     # Each process already has a default group (as learner ranks and vLLM workers do); the sync group
     # is a second one beside it.
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{ports[0]}", rank=rank, world_size=2)
-    group = open_sync_group("127.0.0.1", ports[1], rank, world_size=2, backend="gloo", timeout_s=60)
+    dist.init_process_group("gloo", init_method=f"file://{out}.store", rank=rank, world_size=2)
+    group = open_sync_group("127.0.0.1", port, rank, world_size=2, backend="gloo", timeout_s=60)
     broadcaster = WeightBroadcaster(group, src=0, bucket_bytes=4096)
     for seed in (1, 2):  # two syncs in a row, as two training steps would
         if rank == 0:
@@ -41,7 +43,14 @@ def worker(rank: int, ports: tuple[int, int], out: str) -> None:
 
 def test_two_process_broadcast_is_bitwise_exact(tmp_path):
     out = str(tmp_path / "received.safetensors")
-    mp.start_processes(worker, args=((free_port(), free_port()), out), nprocs=2, start_method="spawn", join=True)
+    for attempt in range(3):  # the sync group's store needs a TCP port: another process may take it first
+        Path(f"{out}.store").unlink(missing_ok=True)  # a failed try's file store
+        try:
+            mp.start_processes(worker, args=(free_port(), out), nprocs=2, start_method="spawn", join=True)
+            break
+        except mp.ProcessRaisedException as err:
+            if "address already in use" not in str(err).lower() or attempt == 2:
+                raise
     for seed in (1, 2):
         received, sent = load_file(f"{out}.{seed}"), weights(seed)
         assert received.keys() == sent.keys()

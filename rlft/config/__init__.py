@@ -11,6 +11,7 @@ express. Hydra composes the YAML onto these schemas, registered in its ConfigSto
 from __future__ import annotations
 
 from rlft.config import algo, data, hardware, logger, model, reward, rollout, run
+from rlft.config.checks import every_number_finite
 from rlft.config.run import RunConfig
 
 GROUPS = ("algo", "model", "data", "reward", "rollout", "hardware", "logger")
@@ -42,8 +43,9 @@ CHECKS = (algo.check, model.check, data.check, reward.check, rollout.check, hard
 def validate(cfg: RunConfig) -> None:
     """Every check of the config alone (no files, no devices: rlft.preflight does those); raises
     ConfigError naming the key and what is allowed."""
-    for check in CHECKS:
+    for check in CHECKS:  # their messages give the allowed range
         check(cfg)
+    every_number_finite(cfg)  # NaN and infinities in the keys no range bounds
 
 
 __all__ = ["GROUPS", "SCHEMAS", "RunConfig", "validate"]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import fields, is_dataclass
 
 from rlft.errors import ConfigError
 
@@ -29,3 +30,16 @@ def within(key: str, value: float, low: float, high: float, low_open: bool = Fal
 def finite(key: str, value: float | None) -> None:
     if value is not None and not math.isfinite(value):
         raise ConfigError(f"{key} must be a finite number (got {value})")
+
+
+def every_number_finite(cfg, prefix: str = "") -> None:
+    """No key anywhere in the config holds NaN or an infinity (lists and mappings included): a range check
+    alone lets NaN through, and no rlft key means anything by an infinite value (null is "off")."""
+    items = ([(f.name, getattr(cfg, f.name)) for f in fields(cfg)] if is_dataclass(cfg)
+             else cfg.items() if isinstance(cfg, dict) else enumerate(cfg))
+    for name, value in items:
+        key = f"{prefix}[{name}]" if isinstance(name, int) else f"{prefix}.{name}" if prefix else str(name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{key} must be a finite number (got {value})")
+        if is_dataclass(value) or isinstance(value, (dict, list, tuple)):
+            every_number_finite(value, key)

@@ -8,7 +8,7 @@ from typing import ClassVar, Optional
 
 from omegaconf import MISSING
 
-from rlft.config.checks import at_least, positive
+from rlft.config.checks import at_least, positive, within
 from rlft.errors import ConfigError
 
 
@@ -29,7 +29,8 @@ class PromptFormat:
     system_prompt: Optional[str] = None
     """With the chat template: the system message."""
     max_prompt_tokens: Optional[int] = None
-    """Prompts longer than this (rendered) are dropped and counted at start, never truncated; null = keep all."""
+    """Prompts longer than this (rendered) are dropped and counted at start, never truncated; null = only
+    those that cannot fit with rollout.max_new_tokens in the model's context."""
 
 
 @dataclass
@@ -84,7 +85,8 @@ class HumanEvalData(PromptFormat, DataBase):
 class DatasetData(PromptFormat, DataBase):
     name: ClassVar[str] = "dataset"
     path: str = MISSING
-    """A .jsonl/.csv/.parquet file, a folder of data files or one saved by `datasets`, or a hub id."""
+    """A .jsonl/.json/.csv/.parquet file (UTF-8; a BOM and CRLF are read), a folder of data files or one
+    saved by `datasets`, or a hub id."""
     split: str = "train"
     """The split of a folder or hub dataset."""
     eval_path: Optional[str] = None
@@ -92,9 +94,10 @@ class DatasetData(PromptFormat, DataBase):
     eval_split: Optional[str] = None
     """Held-out rows from another split of the same dataset."""
     prompt_key: str = "prompt"
-    """The row field holding the prompt."""
+    """The row field holding the prompt: a non-empty string (a number, list, object or null stops the run)."""
     answer_key: str = "answer"
-    """The row field holding the reference answer."""
+    """The row field holding the reference answer: a non-empty string, or a number (an int, or a finite float;
+    42.0 is read as "42"). Null, empty, bool, NaN/inf, list or object answers stop the run naming the file and line."""
     map_fn: Optional[str] = None
     """module:function, row -> {"prompt", "answer", other fields}, instead of the two keys."""
     eval_size: int = 100
@@ -103,6 +106,9 @@ class DatasetData(PromptFormat, DataBase):
 def check(cfg) -> None:
     d = cfg.data
     at_least("data.eval_size", d.eval_size, 1)
+    within("data.split_seed", d.split_seed, 0, 2 ** 63 - 1)
+    if isinstance(d, GeneratedData):
+        at_least("data.max_operand", d.max_operand, 1)
     if getattr(d, "max_prompt_tokens", None) is not None:
         at_least("data.max_prompt_tokens", d.max_prompt_tokens, 1)
     for key in ("size", "operands", "min_operand"):

@@ -47,7 +47,7 @@ class RayHardware:
     fsdp: bool = False
     """Shard weights, gradients and optimizer state over the learner ranks (FSDP2)."""
     cpus_per_actor: int = 1
-    """CPUs Ray reserves per actor (and its torch threads, unless compute.num_threads)."""
+    """CPUs Ray reserves per actor (and its torch threads, unless OMP_NUM_THREADS)."""
     placement_strategy: PlacementStrategy = PlacementStrategy.PACK
     """Ray placement group strategy: PACK (fewest nodes), SPREAD, STRICT_PACK, STRICT_SPREAD."""
     placement_timeout_s: float = 120.0

@@ -25,7 +25,8 @@ class RewardConfig:
     """A function that raises or times out: raise stops the run with one line naming it and the sample
     (the last checkpoint is intact); zero scores 0 and counts it in reward/errors."""
     timeout_s: float = 10.0
-    """Seconds per call of a user function (module:function), which runs in a worker process."""
+    """Seconds per call of a user function (module:function), which runs in a worker process; a call past
+    it is reported within about a second more (its worker is killed and replaced), whatever the batch size."""
 
 
 @dataclass
@@ -52,4 +53,4 @@ def check(cfg) -> None:
         finite(f"reward.weights[{index}]", weight)
     if isinstance(r, CodeTestsReward):
         positive("reward.sandbox_timeout_s", r.sandbox_timeout_s)
-        at_least("reward.sandbox_memory_mb", r.sandbox_memory_mb, 16)
+        at_least("reward.sandbox_memory_mb", r.sandbox_memory_mb, 64)  # Python itself cannot start in less

@@ -16,6 +16,9 @@ from rlft.config.model import ModelConfig
 from rlft.errors import ConfigError
 
 
+SEED_MAX = 2 ** 63 - 1  # what every generator rlft seeds accepts
+
+
 class Layout(StrEnum):
     auto = "auto"
     shared_prompts = "shared_prompts"
@@ -43,6 +46,9 @@ class TrainerConfig:
     """Steps between checkpoints (also at the end)."""
     keep_checkpoints: int = 2
     """Checkpoints kept in the run directory, newest first."""
+    max_nonfinite_steps: int = 3
+    """Steps in a row whose loss or gradient norm is not finite (their update is not applied) before the run
+    stops; the last checkpoint, which never holds non-finite weights, is intact."""
 
 
 @dataclass
@@ -69,8 +75,6 @@ class ComputeConfig:
     layout: Layout = Layout.auto
     """How a learner pass lays out its tokens: shared_prompts (each distinct prompt once for its group),
     packed (sequences end to end, no padding), padded, or auto (per pass the cheaper of the first two)."""
-    num_threads: Optional[int] = None
-    """torch threads per process; null = the cores this process may run on (taskset limits them)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass: less memory, about 30% more time."""
     attn_implementation: Optional[AttnImplementation] = None
@@ -101,6 +105,7 @@ def check(cfg: RunConfig) -> None:
     at_least("trainer.eval_every", t.eval_every, 1)
     at_least("trainer.save_every", t.save_every, 1)
     at_least("trainer.keep_checkpoints", t.keep_checkpoints, 1)
+    at_least("trainer.max_nonfinite_steps", t.max_nonfinite_steps, 1)
     if t.epochs is not None:
         positive("trainer.epochs", t.epochs)
         if t.steps != TrainerConfig.steps:
@@ -117,5 +122,4 @@ def check(cfg: RunConfig) -> None:
         within(f"optim.betas[{index}]", beta, 0, 1, high_open=True)
     if c.micro_batch_size is not None:
         at_least("compute.micro_batch_size", c.micro_batch_size, 1)
-    if c.num_threads is not None:
-        at_least("compute.num_threads", c.num_threads, 1)
+    within("seed", cfg.seed, 0, SEED_MAX)

@@ -27,13 +27,36 @@ class PromptEncoder:
         return self.tokenizer.encode(text, add_special_tokens=False)  # the template has its own specials
 
 
-def drop_long_prompts(problems: list[Problem], encode: PromptEncoder, max_tokens: int | None, what: str
-                      ) -> tuple[list[Problem], int]:
-    """(the problems whose rendered prompt fits, how many were dropped); ConfigError when none fit."""
-    if max_tokens is None:
+def context_limit(model_max_positions: int | None, max_new_tokens: int, max_prompt_tokens: int | None) -> int | None:
+    """The longest rendered prompt a run keeps: data.max_prompt_tokens, and never more than leaves room in the
+    model's context for rollout.max_new_tokens of response (a longer prompt can't fit with its response);
+    None: no limit (neither is known)."""
+    if model_max_positions is None:
+        return max_prompt_tokens
+    room = model_max_positions - max_new_tokens
+    if room < 1:
+        raise ConfigError(f"rollout.max_new_tokens={max_new_tokens} leaves no room for a prompt in the model's "
+                          f"context of {model_max_positions} positions")
+    return room if max_prompt_tokens is None else min(room, max_prompt_tokens)
+
+
+def describe_limit(model_max_positions: int | None, max_new_tokens: int, max_prompt_tokens: int | None) -> str:
+    """What sets context_limit(...), for messages: "data.max_prompt_tokens=N" or the model's context."""
+    limit = context_limit(model_max_positions, max_new_tokens, max_prompt_tokens)
+    if limit is None or limit == max_prompt_tokens:
+        return f"data.max_prompt_tokens={max_prompt_tokens}"
+    return (f"the model's context ({model_max_positions} positions - rollout.max_new_tokens={max_new_tokens} "
+            f"= {limit} prompt tokens)")
+
+
+def drop_long_prompts(problems: list[Problem], encode: PromptEncoder, max_tokens: int | None, what: str,
+                      reason: str | None = None) -> tuple[list[Problem], int]:
+    """(the problems whose rendered prompt fits, how many were dropped); ConfigError when none fit.
+    `reason` names the limit in that message (default: data.max_prompt_tokens)."""
+    if max_tokens is None or not problems:
         return problems, 0
     kept = [p for p in problems if len(encode(p.prompt)) <= max_tokens]
     if not kept:
-        raise ConfigError(f"data.max_prompt_tokens={max_tokens}: every one of the {len(problems)} {what} "
-                          "prompts is longer")
+        reason = reason or f"data.max_prompt_tokens={max_tokens}"
+        raise ConfigError(f"{reason}: every one of the {len(problems)} {what} prompts is longer")
     return kept, len(problems) - len(kept)

@@ -22,6 +22,7 @@ from rlft.errors import ConfigError, WorkerDied
 
 # What a test or a user sets in the driver's environment and the actors need too (fault hooks, vLLM knobs).
 FORWARDED_ENV_PREFIXES = ("RLFT_", "VLLM_", "WANDB_", "HF_")
+CONNECT_TIMEOUT_S = 30.0  # joining a cluster by address
 
 
 class ActorLost(Exception):
@@ -114,7 +115,7 @@ class RayCluster:
                 ray.init(num_cpus=max(needed, os.cpu_count() or 1), include_dashboard=False,
                          log_to_driver=True, configure_logging=False)
             else:
-                ray.init(address=h.ray_address, log_to_driver=True)
+                join_ray(h.ray_address, timeout_s=min(h.placement_timeout_s, CONNECT_TIMEOUT_S))
         self.placement_group = placement_group(bundles, strategy=h.placement_strategy)
         ready, _ = ray.wait([self.placement_group.ready()], timeout=h.placement_timeout_s)
         if not ready:
@@ -138,6 +139,8 @@ class RayCluster:
 
     def shutdown(self) -> None:
         import ray
+        if not hasattr(self, "placement_group"):
+            return
         from ray.util.placement_group import remove_placement_group
         for side in ("learner", "engine"):
             if hasattr(self, side):
@@ -145,6 +148,27 @@ class RayCluster:
         remove_placement_group(self.placement_group)
         if self.started_ray:
             ray.shutdown()
+
+
+def join_ray(address: str, timeout_s: float) -> None:
+    """ray.init(address) retries an unreachable cluster for minutes: a host:port is first asked directly,
+    and any failure to join is one ConfigError naming hardware.ray_address."""
+    import socket
+
+    import ray
+    host, _, port = address.rpartition(":")
+    if host and port.isdigit():
+        try:
+            socket.create_connection((host, int(port)), timeout=timeout_s).close()
+        except OSError as err:
+            raise ConfigError(f"hardware.ray_address={address}: no Ray cluster answers there within {timeout_s:.0f} s "
+                              f"({err.strerror or err}); start one with `ray start --head`, or ray_address=null "
+                              "starts Ray here") from None
+    try:
+        ray.init(address=address, log_to_driver=True)
+    except (ConnectionError, RuntimeError, ValueError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"hardware.ray_address={address}: cannot join the Ray cluster ({first})") from None
 
 
 def link_ray_logs(run_dir: Path) -> None:

@@ -7,21 +7,29 @@ The trainer uses it directly in one process (hardware=cpu, one GPU); on Ray each
 
 from __future__ import annotations
 
+import os
 import resource
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from rlft.checkpoint import load_checkpoint, save_checkpoint
+from rlft.checkpoint import first_nonfinite, load_checkpoint, save_checkpoint
 from rlft.config import RunConfig
 from rlft.config.run import Layout
+from rlft.errors import ConfigError
 from rlft.learner.logprobs import response_logprobs
 from rlft.learner.policy import Policy
 from rlft.models.loading import DTYPES, load_causal_lm
 from rlft.models.lora import merged_lora_weights, with_lora
 from rlft.types import LossSettings, Rollout, RolloutEngine, SyncStats, TrainBatch, TrainerState, UpdateStats
+
+
+# Test hook: the update calls numbered in RLFT_FAULT_NAN_LOSS_AT_UPDATES (e.g. "2,3") get NaN advantages, so
+# a NaN loss, as a diverging batch would (tests of the non-finite guard).
+FAULT_NAN = "RLFT_FAULT_NAN_LOSS_AT_UPDATES"
 
 
 class LocalLearner:
@@ -48,12 +56,19 @@ class LocalLearner:
                              share_prompts=compute.layout in (Layout.auto, Layout.shared_prompts),
                              padding_free=compute.layout in (Layout.auto, Layout.packed), compute_dtype=compute_dtype)
         self.rank = self.policy.rank
+        self.updates = 0
+        bad = first_nonfinite(dict(policy.named_parameters()))
+        if bad:  # the engine would sample from NaN probabilities
+            raise ConfigError(f"model.path '{model_path}': its weight {bad} holds NaN or infinite values")
         self.reference = None
         if cfg.algo.kl_coef > 0:  # beta = 0 loads no reference model at all; frozen, so in `dtype` alone
             self.reference = load_causal_lm(model_path, dtype, self.device, compute.attn_implementation)
             self.reference.eval().requires_grad_(False)
 
     def update(self, batch: TrainBatch, loss: LossSettings, lr: float) -> UpdateStats:
+        self.updates += 1
+        if str(self.updates) in os.environ.get(FAULT_NAN, "").split(","):
+            batch = replace(batch, advantages=torch.full_like(batch.advantages, float("nan")))
         return self.policy.update(batch, loss, lr)
 
     @torch.no_grad()

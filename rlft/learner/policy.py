@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 import warnings
 from dataclasses import asdict
@@ -14,7 +15,7 @@ from transformers import PreTrainedModel
 
 from rlft.algos.losses import policy_loss
 from rlft.distributed.ranks import rank_rows
-from rlft.errors import ConfigError
+from rlft.errors import ConfigError, NonFiniteWeights
 from rlft.learner.logprobs import Packing, plan_pass, response_logprobs, supports_packing
 from rlft.models.routing import RouterTap, find_routers
 from rlft.types import LossSettings, TrainBatch, UpdateStats
@@ -101,6 +102,7 @@ class Policy:
         routing = self.routing.counts() if self.routing is not None else None
         totals = _StepMetrics()
         grad_norms, entropy_sum = [], 0.0
+        epoch_losses, skipped, nonfinite = [], 0, None  # optimizer steps not applied, and why (the first)
         seconds = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
         clock = _clock(self.model)
         # FSDP gathers weights in every forward: each rank must run as many passes as the largest share
@@ -147,14 +149,23 @@ class Policy:
                 seconds["backward"] += backward_done - forward_done
                 if first_epoch:
                     entropy_sum += float((out[1] * batch.loss_mask[rows]).sum())
-                totals.add(metrics | {"loss": pass_loss.item()}, tokens=float(batch.loss_mask[rows].sum()))
+                epoch_losses.append(pass_loss.item())
+                totals.add(metrics | {"loss": epoch_losses[-1]}, tokens=float(batch.loss_mask[rows].sum()))
             started = clock()
             if self.group is not None and not self.fsdp:
                 self._sum_gradients()
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
-            grad_norms.append(float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm))
-            self.optimizer.step()
+            grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+            bad = self._first_nonfinite(epoch_losses, grad_norm)
+            if bad is None:
+                grad_norms.append(grad_norm)
+                self.optimizer.step()
+                self._check_weights_finite()
+            else:  # not applied: one bad batch must not poison the weights (or their checkpoint)
+                skipped += 1
+                nonfinite = nonfinite or bad
             self.optimizer.zero_grad(set_to_none=True)
+            epoch_losses = []
             seconds["optimizer"] += clock() - started
         mask = rollout.response_mask[mine.start:mine.stop].bool()
         diff = (old_logp - rollout.logprobs)[mine.start:mine.stop].abs()[mask]
@@ -175,7 +186,7 @@ class Policy:
         return UpdateStats(
             loss=stats["loss"], pg_loss=stats["pg_loss"], approx_kl=stats["approx_kl"],
             entropy=entropy_sum / max(num_tokens, 1),  # of the old policy, over the loss tokens
-            grad_norm=sum(grad_norms) / len(grad_norms), tokens=num_tokens,
+            grad_norm=sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"), tokens=num_tokens,
             logprob_diff_mean=diff_sum / diff_count if diff_count else 0.0, logprob_diff_max=diff_max,
             # this rank's time: forward (log-probs and loss; the first epoch's are the old log-probs too),
             # backward, optimizer (gradient reduction, clipping, AdamW)
@@ -183,7 +194,33 @@ class Policy:
             optimizer_seconds=seconds["optimizer"],
             kl_ref=stats.get("kl_ref"), clip_frac_low=stats.get("clip_frac_low"),
             clip_frac_high=stats.get("clip_frac_high"), ratio_mean=stats.get("ratio_mean"),
-            ratio_min=stats.get("ratio_min"), ratio_max=stats.get("ratio_max"), routing=routing_stats)
+            ratio_min=stats.get("ratio_min"), ratio_max=stats.get("ratio_max"), routing=routing_stats,
+            skipped_updates=skipped, nonfinite=nonfinite)
+
+    def _first_nonfinite(self, losses: list[float], grad_norm: float) -> str | None:
+        """'loss = nan' or 'gradient norm = inf' when this optimizer step must not be applied, agreed by
+        every rank (a loss is per rank; the gradient norm is the whole batch's)."""
+        bad_loss = next((value for value in losses if not math.isfinite(value)), None)
+        flags = [float(bad_loss is not None), float(not math.isfinite(grad_norm))]
+        if self.group is not None:
+            flags = _all_reduce(flags, self.group, dist.ReduceOp.MAX)
+        if flags[0]:
+            return f"loss = {bad_loss if bad_loss is not None else 'not finite on another rank'}"
+        if flags[1]:
+            return f"gradient norm = {grad_norm}"
+        return None
+
+    def _check_weights_finite(self) -> None:
+        """Finite gradients can still step to infinite weights (a huge learning rate): stop then, before
+        the engine samples from them or a checkpoint keeps them."""
+        local = [t for t in (p.to_local() if hasattr(p, "to_local") else p for p in self.params) if t.numel()]
+        # one fused norm per tensor (what clip_grad_norm_ uses), no full-size temporaries; NaN or inf show
+        finite = float(bool(torch.isfinite(torch.stack(torch._foreach_norm(local))).all())) if local else 1.0
+        if self.group is not None:
+            (finite,) = _all_reduce([finite], self.group, dist.ReduceOp.MIN)
+        if not finite:
+            raise NonFiniteWeights("the weights are not finite after the optimizer step (the update diverged: "
+                                   "lower optim.lr or optim.max_grad_norm)")
 
     def _begin_routing(self, index: int, rows: slice, token_mask: torch.Tensor, packing: Packing | None,
                        engine_routes, first_epoch: bool):

@@ -4,11 +4,22 @@
 import path, `mypkg.rewards:score`. A function gets, as keyword arguments, the prompt, the completion,
 the reference answer, `response_tokens` (the completion's length in tokens) and the row's other fields,
 each only if its signature names it (or takes **kwargs). A dict result is a set of named parts that add up.
+
+What a function may return (`as_reward`), strictly, so that a slip is an error naming the function and
+the sample rather than a silently wrong reward:
+- a number: any `numbers.Real` (int, float, a numpy int or float) or a 0-d numpy array or torch tensor of
+  one; bool too, as 1.0 or 0.0 (a pass/fail check may return its verdict as is). A str is refused, even
+  "1.0", and so are None, complex, lists and arrays of more than one element;
+- or a non-empty dict of such numbers under str keys: the parts.
+Every value must be finite. Across one function's batch (rlft.rewards.scorer) the samples must agree: all
+numbers, or all dicts with the same keys; a sample that differs is that sample's error.
 """
 
 from __future__ import annotations
 
 import inspect
+import math
+import numbers
 from typing import Any, Callable
 
 from rlft.registry import Registry, import_function
@@ -45,3 +56,31 @@ def accepted_arguments(fn: RewardFn, arguments: dict[str, Any]) -> dict[str, Any
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
         return arguments
     return {k: v for k, v in arguments.items() if k in parameters}
+
+
+def as_reward(value: Any) -> float | dict[str, float]:
+    """The function's result as a float or a dict of floats (the rules above); TypeError or ValueError
+    saying what was returned."""
+    if isinstance(value, dict):
+        if not value:
+            raise TypeError("returned an empty dict: a dict reward needs at least one part")
+        return {_part_name(key): _as_number(part, f" as part {key!r}") for key, part in value.items()}
+    return _as_number(value)
+
+
+def _as_number(value: Any, where: str = "") -> float:
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):  # numpy scalars, 0-d arrays and tensors
+        value = value.item()
+    if not isinstance(value, numbers.Real):
+        shown = f"{type(value).__name__} {value!r}"[:200]
+        raise TypeError(f"returned {shown}{where}: a reward is a float or a dict of floats")
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"returned a non-finite reward ({number}{where})")
+    return number
+
+
+def _part_name(key: Any) -> str:
+    if not isinstance(key, str):
+        raise TypeError(f"returned a dict with the key {key!r} ({type(key).__name__}): a part's name is a str")
+    return key

@@ -122,11 +122,13 @@ CODE_STOPS = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\nasser
 @REWARDS.register("code_tests")
 def code_tests(prompt: str, completion: str, test: str, entry_point: str, sandbox_timeout_s: float = 10.0,
                sandbox_memory_mb: int = 1024) -> float:
-    """1.0 when prompt + completion passes the problem's tests (HumanEval's `check(entry_point)`), run in a
-    sandboxed subprocess (rlft.rewards.sandbox) with time, memory and process limits; 0.0 otherwise."""
-    from rlft.rewards.sandbox import run_python
+    """1.0 when prompt + completion passes the problem's tests (HumanEval's `check(entry_point)`), run in the
+    sandbox (rlft.rewards.sandbox: bubblewrap, else rlimits) with time, memory and process limits; 0.0
+    otherwise. A pass is the test harness's own report (a per-call token after `check` returned), not the
+    exit status: exiting early, killing the program or patching print does not score."""
+    from rlft.rewards.sandbox import run_tests
     body = completion
     for stop in CODE_STOPS:
         body = body.split(stop)[0]
-    program = f"{prompt}{body}\n\n{test}\n\ncheck({entry_point})\n"
-    return float(run_python(program, timeout_s=sandbox_timeout_s, memory_mb=sandbox_memory_mb).passed)
+    return float(run_tests(prompt, body, test, entry_point, timeout_s=sandbox_timeout_s,
+                           memory_mb=sandbox_memory_mb).passed)

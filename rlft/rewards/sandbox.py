@@ -1,105 +1,609 @@
-"""Runs untrusted Python (a model's completion) in a throwaway subprocess, never in the trainer's process.
+"""Runs untrusted Python (a model's completion) in a throwaway sandbox, never in the trainer's process.
 
-Limits, set in the child before it starts: wall-clock timeout (the whole process group is killed), CPU
-seconds, address space (memory), file size, and, when the trainer runs as root, the unprivileged user
-`nobody` (so it cannot write outside its working directory, and the process limit holds; as another
-user, run the trainer in a container for that). The child gets a
-fresh temporary directory as cwd and HOME, an environment of PATH only (no inherited secrets), no stdin,
-and Python's isolated mode (-I: no user site, no PYTHON* variables).
+Two kinds, chosen once per process; `sandbox_kind()` says which (RLFT_SANDBOX=bwrap|rlimits forces one):
+
+`bwrap` (bubblewrap, `apt-get install bubblewrap`): the program gets its own PID, network, IPC, UTS and
+mount namespaces. It sees a read-only /usr (the interpreter and its standard library), its program
+(read-only, /program), small private tmpfs mounts for its home (/sandbox), /tmp, /var/tmp and /dev/shm,
+a minimal /dev and the /proc of its own PID namespace; not the project, /work, /root, /home, /etc, the
+trainer's processes (their environment, signals) or any network. When its main process ends or its time
+is up, the PID namespace ends and every process in it with it (double forks included).
+
+`rlimits` (the fallback, with one warning, where bwrap is missing or cannot create namespaces here): a
+new session killed as a whole, a private working directory removed afterwards, and as root a user id of
+its own (below), whose every process is killed and whose files in /tmp, /var/tmp and /dev/shm are removed
+after the call.
+
+Both kinds: a launcher sets the limits in the child before the program starts: CPU seconds, address space,
+file size, open files, processes, no core files. As root, the program runs as an unprivileged user id of
+its own per call (from a range no account uses; `nobody` where the system refuses such ids), so it cannot
+signal or read the trainer and its process limit is its own. Where the machine is x86-64 or arm64, a
+seccomp filter refuses network sockets (all but AF_UNIX), new namespaces, io_uring, bpf, userfaultfd,
+perf events, keyrings and ptrace. The environment is PATH, HOME and TMPDIR; stdin is what the caller
+passes. Output (stdout and stderr) is read as it comes and only its last `tail_kib` KiB are kept (the
+rest is counted), so a program that floods output costs the trainer neither memory nor its time limit.
+
+What it does not contain: kernel exploits (this is not a VM; seccomp narrows the surface only); load on
+the machine within the limits (no cgroup: each program, and each at once, gets them; a tmpfs caps bytes,
+not the number of empty files, which only the time limit bounds). Under `rlimits`: the program reads every
+world-readable file (the project's source too), writes into world-writable directories other than the
+three swept, fills the disk there (file size is capped, the number of files is not), reaches the network
+where seccomp is unavailable; with `nobody` instead of an id of its own, nothing is swept and a double
+fork that calls setsid outlives the call; when the trainer is not root it also runs as the trainer's user
+(it may signal and read the trainer's processes).
+Cheating on tests from inside the tested interpreter: see `run_tests`.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import os
-import resource
+import platform
+import random
+import secrets
+import selectors
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+import threading
+import time
+from dataclasses import dataclass, replace
+
+log = logging.getLogger(__name__)
 
 NOBODY = 65534
+# Per-call user ids: above systemd's container range (524288..0x6FFFFFFF), below 2**31, unused by accounts.
+UID_BASE, UID_SPAN = 0x7B000000, 1 << 20
+HOME = "/sandbox"
+PROGRAM_DIR = "/program"
+SWEPT = ("/tmp", "/var/tmp", "/dev/shm")
+INSTALL = "apt-get install bubblewrap"
 
 
 @dataclass(frozen=True)
 class SandboxResult:
-    passed: bool
-    status: str        # passed | failed | timeout
-    output: str        # the tail of stdout + stderr
+    passed: bool            # exit status 0 within the time (run_tests: and the harness's own report)
+    status: str             # passed | failed | timeout
+    output: str             # the tail of stdout + stderr
+    dropped_bytes: int = 0  # output read before that tail and thrown away
+
+
+@dataclass(frozen=True)
+class _Plan:
+    kind: str                      # bwrap | rlimits
+    python: str                    # the interpreter, by the path the program sees
+    bwrap: str = ""                # the bwrap binary (kind bwrap)
+    as_root: bool = False          # bwrap runs as root, the launcher then changes to the sandbox user
+    binds: tuple[str, ...] = ()    # read-only binds besides /usr (an interpreter living elsewhere)
+    own_uids: bool = False         # as root: a user id of its own per call (else nobody)
+    seccomp: bool = False          # the probe saw the seccomp filter refuse a network socket
+
+
+def sandbox_kind() -> str:
+    """`bwrap` or `rlimits`: the sandbox that programs run in (probed once per process)."""
+    return _plan_for(None).kind
 
 
 def run_python(program: str, timeout_s: float = 10.0, memory_mb: int = 1024, max_processes: int = 16,
-               max_file_mb: int = 16) -> SandboxResult:
-    workdir = tempfile.mkdtemp(prefix="rlft-sandbox-")
-    python = _interpreter()
-    drop_privileges = python is not None
-    python = python or sys.executable
+               max_file_mb: int = 16, *, stdin: bytes = b"", max_open_files: int = 64, tail_kib: int = 16,
+               kind: str | None = None) -> SandboxResult:
+    """Runs `program` with `python -I` in the sandbox. `max_file_mb` also sizes each private tmpfs (bwrap).
+    `stdin` (at most 4 KiB) is written to its stdin before it is closed; `kind` forces a sandbox."""
+    if len(stdin) > 4096:
+        raise ValueError("stdin is for a few bytes (a token); pass data in the program")
+    limits = _Limits(timeout_s, memory_mb, max_processes, max_file_mb, max_open_files)
+    return _run(_plan_for(kind), program, limits, stdin, tail_kib * 1024)
+
+
+# ---- verified tests ---------------------------------------------------------------------------------
+
+# Runs the solution, then the tests on it, in one interpreter, and writes the token only when the tests'
+# `check` returned. Everything the verdict depends on is bound before the solution's code runs: the
+# solution may rebind module attributes, builtins, print or sys.exit, but not these locals.
+HARNESS = r'''
+import builtins, os, sys, traceback
+
+def _rlft_main(solution, trusted, test, entry_point):
+    token = sys.stdin.buffer.readline().strip()
+    null = os.open(os.devnull, os.O_RDONLY)   # stdin is spent: nothing more to read there
+    os.dup2(null, 0)
+    os.close(null)
+    write, leave, getpid, pid = os.write, os._exit, os.getpid, os.getpid()
+    gettrace, getprofile, kind_of, failed = sys.gettrace, sys.getprofile, type, traceback.print_exc
+    run, build, pristine, mapping = exec, compile, dict(vars(builtins)), dict
+    monitoring = getattr(sys, "monitoring", None)  # 3.12+: tools that see (and may steer) every line
+    get_tool = monitoring.get_tool if monitoring is not None else None
+    plain = (bool, int, float, complex, str, bytes, type(None))
+    nested = (list, tuple, set, frozenset)
+
+    def one_of(kind, kinds):  # `is`, not `in`: a metaclass may define ==
+        for each in kinds:
+            if kind is each:
+                return True
+        return False
+
+    def honest(value, depth):
+        # builtin types only: an object whose == always holds would pass any assert
+        kind = kind_of(value)
+        if one_of(kind, plain):
+            return True
+        if depth > 50:
+            return False
+        if one_of(kind, nested):
+            for item in value:
+                if not honest(item, depth + 1):
+                    return False
+            return True
+        if kind is mapping:
+            for key in value:
+                if not honest(key, depth + 1) or not honest(value[key], depth + 1):
+                    return False
+            return True
+        return False
+
+    def watched():  # a tracer or monitor could jump over the tests' asserts
+        if gettrace() is not None or getprofile() is not None:
+            return True
+        if get_tool is not None:
+            for tool in (0, 1, 2, 3, 4, 5):
+                if get_tool(tool) is not None:
+                    return True
+        return False
+
+    def guarded(*args, **kwargs):
+        value = candidate(*args, **kwargs)
+        if watched() or not honest(value, 0):
+            leave(3)
+        return value
+
     try:
-        path = os.path.join(workdir, "program.py")
-        with open(path, "w") as f:
-            f.write(program)
-        if drop_privileges:
-            os.chown(workdir, NOBODY, NOBODY)
-            os.chown(path, NOBODY, NOBODY)
-
-        def limit() -> None:  # in the child, before exec
-            cpu = max(1, int(timeout_s) + 1)
-            resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-            memory = memory_mb * 2 ** 20
-            resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-            size = max_file_mb * 2 ** 20
-            resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-            if drop_privileges:
-                os.setgroups([])
-                os.setgid(NOBODY)
-                os.setuid(NOBODY)
-            resource.setrlimit(resource.RLIMIT_NPROC, (max_processes, max_processes))  # per user: nobody's
-
-        process = subprocess.Popen([python, "-I", path], cwd=workdir, stdin=subprocess.DEVNULL,
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=limit,
-                                   start_new_session=True, env={"PATH": "/usr/bin:/bin", "HOME": workdir,
-                                                                "TMPDIR": workdir})
+        namespace = {"__name__": "__main__"}
+        run(build(solution, "solution.py", "exec", dont_inherit=True, optimize=0), namespace)
+        candidate = namespace[entry_point]
+        # the tests see the prompt's own definitions and unpatched builtins, not the solution's rebindings
+        tests = {"__name__": "__main__", "__builtins__": pristine}
+        run(build(trusted, "prompt.py", "exec", dont_inherit=True, optimize=0), tests)
+        tests[entry_point] = guarded  # some tests call it by name (HumanEval/33)
+        run(build(test, "test.py", "exec", dont_inherit=True, optimize=0), tests)
+        tests["check"](guarded)
+        sys.stdout.flush()
+    except BaseException:
         try:
-            output, _ = process.communicate(timeout=timeout_s)
-            status = "passed" if process.returncode == 0 else "failed"
-        except subprocess.TimeoutExpired:
-            status = "timeout"
-            output = b""
+            failed()
         finally:
-            _kill_group(process.pid)
-            process.wait()
-        return SandboxResult(status == "passed", status, output.decode(errors="replace")[-2000:])
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+            leave(1)
+    # a fork of the program, or a tracer that could have skipped lines, does not report
+    if getpid() != pid or watched():
+        leave(4)
+    write(1, b"\n" + token + b"\n")
+    leave(0)
+'''
+
+
+def run_tests(prompt: str, body: str, test: str, entry_point: str, timeout_s: float = 10.0,
+              memory_mb: int = 1024, *, kind: str | None = None) -> SandboxResult:
+    """Runs HumanEval-style tests (`test` defines check(candidate)) on prompt + body, and passes only when the
+    harness itself reports that `check` returned: exit status 0 AND, as the last output line, a random
+    token given on stdin, which the harness reads (and stdin is closed) before the solution's code runs.
+
+    Threat model: the solution runs in the harness's interpreter, so code that introspects it (frames,
+    gc) can in principle find the token or the test namespace; this is not defended. Defended are the
+    shortcuts RL finds: exiting early (sys.exit, SystemExit, os._exit, atexit, killing itself: no token),
+    monkeypatching print/sys.stdout/builtins/check (the verdict uses names bound beforehand; the tests
+    get pristine builtins and the prompt's definitions), returning an object equal to everything (only
+    builtin types may come back), a forked copy reporting for the program, tracers that skip lines."""
+    token = secrets.token_hex(16)
+    program = HARNESS + f"\n_rlft_main({prompt + body!r}, {_definitions(prompt)!r}, {test!r}, {entry_point!r})\n"
+    result = run_python(program, timeout_s=timeout_s, memory_mb=memory_mb, stdin=token.encode() + b"\n",
+                        kind=kind)
+    lines = result.output.strip().splitlines()
+    reported = result.passed and bool(lines) and lines[-1].strip() == token
+    status = "passed" if reported else ("timeout" if result.status == "timeout" else "failed")
+    return replace(result, passed=reported, status=status)
+
+
+def _definitions(prompt: str) -> str:
+    """The prompt as code of its own, for the tests' helpers: as it is where it compiles (HumanEval's end in
+    a docstring), else with a body added, else nothing (the tests then see the entry point only)."""
+    for code in (prompt, prompt.rstrip() + "\n    pass\n"):
+        try:
+            compile(code, "prompt.py", "exec", dont_inherit=True)
+            return code
+        except (SyntaxError, ValueError):
+            continue
+    return ""
+
+
+# ---- choosing the sandbox -----------------------------------------------------------------------------
+
+_detect_lock = threading.Lock()
+
+
+def _plan_for(kind: str | None) -> _Plan:
+    kind = kind or os.environ.get("RLFT_SANDBOX") or "auto"
+    if kind == "rlimits":
+        with _detect_lock:
+            return _rlimits_plan()
+    if kind not in ("auto", "bwrap"):
+        raise ValueError(f"RLFT_SANDBOX/kind must be auto, bwrap or rlimits, not {kind!r}")
+    with _detect_lock:
+        plan = _detect()
+    if kind == "bwrap" and plan.kind != "bwrap":
+        raise RuntimeError(f"the bwrap sandbox was asked for but does not work here ({INSTALL})")
+    return plan
 
 
 @functools.cache
-def _interpreter() -> str | None:
-    """As root: a Python that `nobody` may run (this one may live in root's home; the system one then
-    serves, the programs need the standard library only). None: not root, or no such interpreter, and
-    the sandbox runs as this user (its other limits still hold)."""
-    if os.geteuid() != 0:
-        return None
-    def as_nobody() -> None:
-        os.setgroups([])
-        os.setgid(NOBODY)
-        os.setuid(NOBODY)
+def _detect() -> _Plan:
+    """The first bwrap set-up that runs a probe here, else the rlimits one, with the one warning."""
+    reason = "is not installed"
+    bwrap = _find_bwrap()
+    if bwrap:
+        for plan in _bwrap_plans(bwrap):
+            works, detail = _probe(plan)
+            if works is not None:
+                return works
+            reason = f"cannot run here ({detail})"
+    log.warning("code sandbox: bubblewrap (bwrap) %s, so programs run with rlimits only (no namespaces: they "
+                "can read the machine's world-readable files). For the stronger sandbox: %s", reason, INSTALL)
+    return _rlimits_plan()
+
+
+def _find_bwrap() -> str | None:
+    return shutil.which("bwrap")
+
+
+def _bwrap_plans(bwrap: str) -> list[_Plan]:
+    """As root, bwrap itself as root first (no user namespace needed: Ubuntu and others restrict them),
+    then as the sandbox user in a user namespace of its own (the only way when not root)."""
+    python, binds = _bwrap_python()
+    root = os.geteuid() == 0
+    own = root and _python_for(UID_BASE) is not None
+    userns = _Plan("bwrap", python, bwrap, as_root=False, binds=binds, own_uids=own)
+    return [replace(userns, as_root=True), userns] if root else [userns]
+
+
+def _bwrap_python() -> tuple[str, tuple[str, ...]]:
+    """The system interpreter under /usr where there is one (a venv or pyenv under /work or /root would
+    need those visible); else this interpreter's base installation, bound read-only."""
+    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        if os.path.realpath(candidate).startswith("/usr/") and os.access(candidate, os.X_OK):
+            return candidate, ()
+    python = os.path.join(sys.base_prefix, "bin", os.path.basename(sys.executable) or "python3")
+    return python, (os.path.realpath(sys.base_prefix),)
+
+
+@functools.cache
+def _rlimits_plan() -> _Plan:
+    root = os.geteuid() == 0
+    own = root and _python_for(UID_BASE) is not None
+    python = _python_for(UID_BASE if own else NOBODY if root else None)
+    plan = _Plan("rlimits", python or sys.executable, own_uids=own)
+    works, _ = _probe(plan)
+    return works or plan
+
+
+@functools.lru_cache(maxsize=None)
+def _python_for(uid: int | None) -> str | None:
+    """An interpreter this user id may run (this one may live in root's home; the system one then serves,
+    programs need the standard library only); None: there is none."""
+    if uid is None:
+        return sys.executable
     for candidate in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
         try:
-            if subprocess.run([candidate, "-I", "-c", "pass"], preexec_fn=as_nobody, cwd="/",
-                              capture_output=True, timeout=30).returncode == 0:
+            if subprocess.run([candidate, "-I", "-S", "-c", "pass"], cwd="/", capture_output=True, timeout=30,
+                              **_as_user(uid)).returncode == 0:
                 return candidate
         except (OSError, subprocess.SubprocessError):
             continue
     return None
 
 
+PROBE = """import socket
+try:
+    socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    print("probe-ok")
+except PermissionError:
+    print("probe-ok seccomp")
+"""
+
+
+def _probe(plan: _Plan) -> tuple[_Plan | None, str]:
+    """The plan with what the probe saw, or None and the last line of what went wrong."""
+    try:
+        result = _run(plan, PROBE, _Limits(30.0, 1024, 16, 16, 64), b"", 4096)
+    except OSError as error:
+        return None, str(error)
+    lines = result.output.strip().splitlines()
+    if not result.passed or not lines or not lines[-1].startswith("probe-ok"):
+        return None, lines[-1] if lines else result.status
+    return replace(plan, seccomp=lines[-1].endswith("seccomp")), ""
+
+
+# ---- one run ------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Limits:
+    timeout_s: float
+    memory_mb: int
+    max_processes: int
+    max_file_mb: int
+    max_open_files: int
+
+
+def _run(plan: _Plan, program: str, limits: _Limits, stdin: bytes, tail_bytes: int) -> SandboxResult:
+    uid = _take_uid(plan)
+    workdir = tempfile.mkdtemp(prefix="rlft-sandbox-")
+    try:
+        path = os.path.join(workdir, "program.py")
+        with open(path, "w") as f:
+            f.write(program)
+        if uid is not None:
+            os.chown(workdir, uid, uid)
+            os.chown(path, uid, uid)
+        argv, cwd, env, user = _command(plan, workdir, uid, limits)
+        deadline = time.monotonic() + limits.timeout_s
+        process = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, start_new_session=True, **user)
+        try:
+            _feed(process, stdin)
+            tail, dropped, timed_out = _collect(process, deadline, tail_bytes)
+        finally:
+            _end(process, plan, uid)
+        status = "timeout" if timed_out else "passed" if process.returncode == 0 else "failed"
+        return SandboxResult(status == "passed", status, tail.decode(errors="replace"), dropped)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+        if uid is not None and plan.own_uids:
+            if plan.kind == "rlimits":  # under bwrap its files were on tmpfs mounts that are gone
+                _sweep(uid)
+            _release_uid(uid)
+
+
+def _command(plan: _Plan, workdir: str, uid: int | None, limits: _Limits):
+    """(argv, cwd, env, user arguments for Popen)."""
+    inside = os.path.join(PROGRAM_DIR if plan.kind == "bwrap" else workdir, "program.py")
+    drop = uid if plan.kind == "bwrap" and plan.as_root else None
+    launch = [plan.python, "-I", "-S", "-c", LAUNCHER, *_launcher_args(drop, limits, plan.python, inside)]
+    env = {"PATH": "/usr/bin:/bin"}
+    if plan.kind == "bwrap":
+        argv = _bwrap_argv(plan, workdir, limits.max_file_mb * 2 ** 20) + ["--", *launch]
+        return argv, "/", env, {} if plan.as_root else _as_user(uid)
+    return launch, workdir, {**env, "HOME": workdir, "TMPDIR": workdir}, _as_user(uid)
+
+
+def _bwrap_argv(plan: _Plan, workdir: str, tmpfs_bytes: int) -> list[str]:
+    argv = [plan.bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+            "--die-with-parent", "--new-session", "--hostname", "sandbox"]
+    if plan.as_root:  # the launcher needs these two to become the sandbox user (which drops them); no others
+        argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    else:
+        argv += ["--unshare-user", "--disable-userns"]
+    argv += ["--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):  # merged-/usr symlinks or real dirs
+        if os.path.islink(top):
+            argv += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            argv += ["--ro-bind", top, top]
+    for path in plan.binds:
+        argv += ["--ro-bind", path, path]
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    for place in (HOME, "/tmp", "/var/tmp", "/dev/shm"):
+        argv += ["--perms", "1777", "--size", str(tmpfs_bytes), "--tmpfs", place]
+    return argv + ["--ro-bind", workdir, PROGRAM_DIR, "--remount-ro", "/", "--chdir", HOME, "--clearenv",
+                   "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", HOME, "--setenv", "TMPDIR", "/tmp"]
+
+
+# Sets the limits, then becomes the program (exec: same process). Runs as the sandbox user, or as root
+# with CAP_SETUID/CAP_SETGID only under a root bwrap. Seccomp is best effort (no ctypes, other arch).
+LAUNCHER = r'''
+import os, resource, sys
+uid, cpu, memory, size, processes, files, bpf, python, path = sys.argv[1:]
+if uid != "-":
+    os.setgroups([])
+    os.setgid(int(uid))
+    os.setuid(int(uid))
+if bpf != "-":
+    try:
+        import ctypes
+        code = ctypes.create_string_buffer(bytes.fromhex(bpf))
+        class Program(ctypes.Structure):
+            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+        program = Program(len(bpf) // 16, ctypes.addressof(code))
+        libc = ctypes.CDLL(None, use_errno=True)
+        ulong = ctypes.c_ulong
+        if libc.prctl(38, ulong(1), ulong(0), ulong(0), ulong(0)) == 0:   # PR_SET_NO_NEW_PRIVS
+            libc.prctl(22, ulong(2), ctypes.byref(program), ulong(0), ulong(0))  # PR_SET_SECCOMP, FILTER
+    except Exception:
+        pass
+for name, value in (("CORE", 0), ("CPU", cpu), ("FSIZE", size), ("NOFILE", files), ("NPROC", processes),
+                    ("AS", memory)):  # the address space last: the lines above need memory
+    limit = getattr(resource, "RLIMIT_" + name)
+    hard = resource.getrlimit(limit)[1]
+    value = int(value) if hard == resource.RLIM_INFINITY else min(int(value), hard)
+    resource.setrlimit(limit, (value, value))
+os.execv(python, [python, "-I", path])
+'''
+
+
+def _launcher_args(drop_to: int | None, limits: _Limits, python: str, path: str) -> list[str]:
+    cpu = max(1, int(limits.timeout_s) + 1)
+    bpf = _seccomp_filter()
+    return ["-" if drop_to is None else str(drop_to), str(cpu), str(limits.memory_mb * 2 ** 20),
+            str(limits.max_file_mb * 2 ** 20), str(limits.max_processes), str(limits.max_open_files),
+            bpf.hex() if bpf else "-", python, path]
+
+
+def _as_user(uid: int | None) -> dict:
+    return {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
+
+
+def _feed(process: subprocess.Popen, data: bytes) -> None:
+    try:
+        if data:
+            process.stdin.write(data)  # a few bytes into an empty pipe: never blocks
+        process.stdin.close()
+    except BrokenPipeError:
+        pass
+
+
+def _collect(process: subprocess.Popen, deadline: float, tail_bytes: int) -> tuple[bytes, int, bool]:
+    """Reads output as it comes until the process ends or the deadline passes; keeps the last tail_bytes.
+    (tail, bytes dropped, timed out). Does not wait for EOF: a leftover child may hold the pipe open."""
+    fd = process.stdout.fileno()
+    os.set_blocking(fd, False)
+    tail, dropped = bytearray(), 0
+
+    def take(chunk: bytes) -> None:
+        nonlocal dropped
+        tail.extend(chunk)
+        if len(tail) > tail_bytes:
+            dropped += len(tail) - tail_bytes
+            del tail[:len(tail) - tail_bytes]
+
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        after_exit = 0  # bytes read since the process ended: a leftover child may go on writing
+        while True:
+            left = deadline - time.monotonic()
+            ended = process.poll() is not None
+            if left <= 0:
+                return bytes(tail), dropped, not ended
+            if selector.select(0 if ended else min(left, 0.1)):
+                chunk = _read(fd)
+                if chunk:
+                    take(chunk)
+                    after_exit += len(chunk) if ended else 0
+                    if after_exit < (1 << 20):
+                        continue
+                elif chunk == b"":  # EOF: wait for the exit within the time
+                    try:
+                        process.wait(max(0.0, deadline - time.monotonic()))
+                    except subprocess.TimeoutExpired:
+                        return bytes(tail), dropped, True
+                    return bytes(tail), dropped, False
+            if ended:  # exited, and nothing more buffered right now (or enough read since)
+                return bytes(tail), dropped, False
+
+
+def _read(fd: int) -> bytes | None:
+    try:
+        return os.read(fd, 1 << 16)
+    except BlockingIOError:
+        return None
+
+
+def _end(process: subprocess.Popen, plan: _Plan, uid: int | None) -> None:
+    """Kills what is left: bwrap's group (its namespace dies with it), the program's session, and under
+    rlimits as root every process of the call's own user id (a setsid double fork left the session)."""
+    _kill_group(process.pid)
+    if plan.kind == "rlimits" and uid is not None and plan.own_uids:
+        _kill_user(uid, plan.python)
+    process.wait()
+    process.stdout.close()
+
+
 def _kill_group(pid: int) -> None:
-    """Every process the program started in its session (forks included), not just the first."""
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _kill_user(uid: int, python: str) -> None:
+    """kill(-1) as that user: every process it owns, at once (no fork can slip between)."""
+    try:
+        subprocess.run([python, "-I", "-S", "-c", "import os\ntry: os.kill(-1, 9)\nexcept OSError: pass"],
+                       cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       timeout=30, **_as_user(uid))
+    except (OSError, subprocess.SubprocessError):
+        pass
+
+
+def _sweep(uid: int) -> None:
+    """Removes what the call's user id left in the shared temporary directories (only it owns them)."""
+    for place in SWEPT:
+        try:
+            entries = list(os.scandir(place))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.stat(follow_symlinks=False).st_uid != uid:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    os.unlink(entry.path)
+            except OSError:
+                pass
+
+
+_uids_lock = threading.Lock()
+_uids_in_use: set[int] = set()
+
+
+def _take_uid(plan: _Plan) -> int | None:
+    """None: not root (the program runs as this user). Else a user id of the call's own, or nobody."""
+    if os.geteuid() != 0:
+        return None
+    if not plan.own_uids:
+        return NOBODY
+    with _uids_lock:
+        while True:
+            uid = UID_BASE + random.randrange(UID_SPAN)
+            if uid not in _uids_in_use:
+                _uids_in_use.add(uid)
+                return uid
+
+
+def _release_uid(uid: int) -> None:
+    with _uids_lock:
+        _uids_in_use.discard(uid)
+
+
+# ---- seccomp ------------------------------------------------------------------------------------------
+
+# (audit arch, x32 bit or 0, syscall numbers) for the machines whose numbers are written here.
+_ARCHES = {
+    "x86_64": (0xC000003E, 0x40000000, dict(socket=41, clone=56, unshare=272, clone3=435, ptrace=101, bpf=321,
+               userfaultfd=323, perf_event_open=298, keyctl=250, add_key=248, request_key=249,
+               io_uring_setup=425, io_uring_enter=426, io_uring_register=427)),
+    "aarch64": (0xC00000B7, 0, dict(socket=198, clone=220, unshare=97, clone3=435, ptrace=117, bpf=280,
+                userfaultfd=282, perf_event_open=241, keyctl=219, add_key=217, request_key=218,
+                io_uring_setup=425, io_uring_enter=426, io_uring_register=427)),
+}
+_ARCHES["amd64"], _ARCHES["arm64"] = _ARCHES["x86_64"], _ARCHES["aarch64"]
+_DENIED = ("unshare", "ptrace", "bpf", "userfaultfd", "perf_event_open", "keyctl", "add_key", "request_key",
+           "io_uring_setup", "io_uring_enter", "io_uring_register")
+_NEW_NAMESPACES = 0x7E020000  # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
+_AF_UNIX, _EPERM, _ENOSYS = 1, 1, 38
+_ALLOW, _ERRNO, _KILL = 0x7FFF0000, 0x00050000, 0x80000000
+_LD, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06  # BPF_LD|W|ABS, JMP|JEQ|K, JGE, JSET, RET|K
+
+
+@functools.cache
+def _seccomp_filter() -> bytes | None:
+    """A classic-BPF seccomp program for this machine, or None where its syscall numbers are not known."""
+    arch = _ARCHES.get(platform.machine().lower())
+    if arch is None:
+        return None
+    audit_arch, x32, nr = arch
+    code = [(_LD, 0, 0, 4), (_JEQ, 1, 0, audit_arch), (_RET, 0, 0, _KILL),  # another ABI (int 0x80): killed
+            (_LD, 0, 0, 0)]
+    if x32:
+        code += [(_JGE, 0, 1, x32), (_RET, 0, 0, _ERRNO | _EPERM)]
+    for name in _DENIED:
+        code += [(_JEQ, 0, 1, nr[name]), (_RET, 0, 0, _ERRNO | _EPERM)]
+    # clone3's flags sit behind a pointer, out of the filter's reach: ENOSYS, and libc falls back to clone
+    code += [(_JEQ, 0, 1, nr["clone3"]), (_RET, 0, 0, _ERRNO | _ENOSYS)]
+    code += [(_JEQ, 0, 4, nr["socket"]), (_LD, 0, 0, 16), (_JEQ, 0, 1, _AF_UNIX), (_RET, 0, 0, _ALLOW),
+             (_RET, 0, 0, _ERRNO | _EPERM)]
+    code += [(_JEQ, 0, 4, nr["clone"]), (_LD, 0, 0, 16), (_JSET, 0, 1, _NEW_NAMESPACES),
+             (_RET, 0, 0, _ERRNO | _EPERM), (_RET, 0, 0, _ALLOW)]
+    code += [(_RET, 0, 0, _ALLOW)]
+    return b"".join(struct.pack("<HBBI", *instruction) for instruction in code)

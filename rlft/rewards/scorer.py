@@ -1,21 +1,26 @@
 """Scores completions with `reward.fns`: a weighted sum, each function's part kept for the metrics.
 
-Built-in functions run here; user functions (import paths) in a process pool with a per-call timeout
-(rlft.rewards.pool). A function that raises or times out stops the run with one error naming the function
-and the sample (`reward.on_error=raise`), or scores 0 and is counted (`reward.on_error=zero`).
+Built-in functions (trusted) run here; user functions (import paths) in worker processes with a per-call
+deadline, a memory cap and recycling (rlft.rewards.pool, which says what is guaranteed). Every result is
+checked (rlft.rewards.as_reward: a float or a dict of floats, finite; a str is refused), and one function's
+results in a batch must agree: all floats, or all dicts with the same keys.
+
+A sample whose function raises, times out, kills its worker or returns a malformed or disagreeing result:
+with `reward.on_error=raise` the first such failure ends the batch at once (the calls in flight are killed)
+and stops the run with one error naming the function, the sample and what went wrong; with
+`reward.on_error=zero` it scores 0 (every part, for a dict reward) and is counted in Scores.errors.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Any
 
 import torch
 
 from rlft.errors import ConfigError, RewardError
-from rlft.rewards import call_reward, is_import_path, resolve_reward
-from rlft.rewards.pool import Outcome, RewardPool
+from rlft.rewards import as_reward, call_reward, is_import_path, resolve_reward
+from rlft.rewards.pool import CANCELLED, Outcome, RewardPool
 from rlft.types import Problem, Scores
 
 # Reward settings an option's schema may have (rlft.config.reward), passed to the functions that name them
@@ -68,26 +73,22 @@ class RewardScorer:
         return Scores(total=total, correct=correct, parts=parts, errors=errors)
 
     def _values(self, name: str, fn, calls: list[dict[str, Any]]) -> tuple[list, int]:
+        stop = self.on_error == "raise"  # the first failure ends the batch: no waiting on the rest
         if is_import_path(name):
-            outcomes = self.pool.run(name, calls)
+            outcomes = self.pool.run(name, calls, stop_at_first_error=stop)
         else:
-            outcomes = [_call_here(fn, arguments) for arguments in calls]
-        values, failed = [], 0
-        for index, (outcome, arguments) in enumerate(zip(outcomes, calls)):
-            value, error = outcome.value, outcome.error
-            if error is None:
-                value, error = _as_reward(value)
-            if error is not None:
-                if self.on_error == "raise":
-                    raise RewardError(f"reward '{name}' failed on sample {index} (prompt {arguments['prompt']!r}, "
-                                      f"completion {arguments['completion']!r}): {error}")
-                failed += 1
-                value = 0.0
-            values.append(value)
+            outcomes = _run_here(fn, calls, stop)
+        outcomes = _agreeing(outcomes)
+        failures = [(i, o.error) for i, o in enumerate(outcomes) if o.error is not None and not o.cancelled]
+        if stop and failures:
+            index, error = failures[0]
+            raise RewardError(f"reward '{name}' failed on sample {index} (prompt {calls[index]['prompt']!r}, "
+                              f"completion {calls[index]['completion']!r}): {error}")
+        values = [0.0 if o.error is not None else o.value for o in outcomes]
         if any(isinstance(v, dict) for v in values):  # a failed sample of a dict reward scores 0 in every part
             keys = next(v for v in values if isinstance(v, dict)).keys()
             values = [v if isinstance(v, dict) else dict.fromkeys(keys, 0.0) for v in values]
-        return values, failed
+        return values, len(failures)
 
     def close(self) -> None:
         if self.pool is not None:
@@ -99,24 +100,38 @@ def _totals(values: list) -> list[float]:
     return [sum(v.values()) if isinstance(v, dict) else v for v in values]
 
 
-def _call_here(fn, arguments: dict[str, Any]) -> Outcome:
-    try:
-        return Outcome(value=call_reward(fn, arguments))
-    except Exception as err:
-        return Outcome(error=f"{type(err).__name__}: {err}")
+def _run_here(fn, calls: list[dict[str, Any]], stop_at_first_error: bool) -> list[Outcome]:
+    """A built-in function (trusted) in this process, each result checked as a worker checks it."""
+    outcomes = []
+    for arguments in calls:
+        try:
+            outcomes.append(Outcome(value=as_reward(call_reward(fn, arguments))))
+        except Exception as err:
+            outcomes.append(Outcome(error=f"{type(err).__name__}: {err}"))
+            if stop_at_first_error:
+                break
+    return outcomes + [CANCELLED] * (len(calls) - len(outcomes))
 
 
-def _as_reward(value) -> tuple[Any, str | None]:
-    """A float, or a dict of floats; anything else is the function's error."""
-    try:
-        if isinstance(value, dict):
-            value = {str(k): float(v) for k, v in value.items()}
-            bad = [k for k, v in value.items() if not math.isfinite(v)]
-        else:
-            value = float(value)
-            bad = [] if math.isfinite(value) else ["value"]
-    except (TypeError, ValueError):
-        return None, f"returned {type(value).__name__} {value!r}: a reward is a float or a dict of floats"
-    if bad:
-        return None, f"returned a non-finite reward ({value!r})"
-    return value, None
+def _agreeing(outcomes: list[Outcome]) -> list[Outcome]:
+    """One function's results must be of one shape: all floats, or all dicts with the same keys (the parts
+    logged). The first successful sample sets it; a sample that differs is that sample's error."""
+    first = next((i for i, o in enumerate(outcomes) if o.error is None), None)
+    if first is None:
+        return outcomes
+    shape = _shape(outcomes[first].value)
+    return [o if o.error is not None or _shape(o.value) == shape else
+            Outcome(error=f"TypeError: returned {_shown(o.value)} but sample {first} returned "
+                          f"{_shown(outcomes[first].value)}: a function's rewards are all floats, or all dicts "
+                          f"with the same keys")
+            for o in outcomes]
+
+
+def _shape(value) -> tuple[str, ...] | None:
+    return tuple(sorted(value)) if isinstance(value, dict) else None
+
+
+def _shown(value) -> str:
+    if isinstance(value, dict):
+        return f"a dict with the keys {', '.join(sorted(value))}"
+    return f"the float {value:g}"

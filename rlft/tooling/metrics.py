@@ -82,6 +82,7 @@ def step_row(step: int, groups: ScoredGroups, rewards: torch.Tensor, stats: Upda
         "reward/errors": scores.errors,
         "train/loss": stats.loss, "train/pg_loss": stats.pg_loss, "train/approx_kl": stats.approx_kl,
         "train/entropy": stats.entropy, "train/grad_norm": stats.grad_norm, TRAIN_TOKENS: stats.tokens,
+        "train/skipped_updates": stats.skipped_updates,  # not applied: a non-finite loss or gradient norm
         **{key: value for key, value in optional.items() if value is not None},
         "train/clip_frac": (stats.clip_frac_low or 0.0) + (stats.clip_frac_high or 0.0),
         "train/lr": lr, "train/eps_high": loss.eps_high,
