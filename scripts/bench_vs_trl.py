@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -95,6 +96,7 @@ def run_rlft(spec: Spec) -> Result:
     from rlft.trainer import train
 
     run_dir = Path(spec.out)
+    shutil.rmtree(run_dir, ignore_errors=True)  # a rerun starts fresh (rlft refuses a used run directory)
     train(rlft_config(spec), run_dir)
     steps = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("kind") != "eval"]
     return Result(step_seconds=[r["perf/step_seconds"] for r in steps],

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ SFT_CURVE = ROOT / "rlft/models/tiny_adder/sft_curve.json"
 
 def run(seed: int, run_dir: Path, overrides: list[str]) -> float:
     start = time.time()
+    shutil.rmtree(run_dir, ignore_errors=True)  # a rerun starts fresh (rlft refuses a used run directory)
     subprocess.run([sys.executable, "-m", "rlft.cli", "train", f"seed={seed}", f"hydra.run.dir={run_dir}",
                     "logger.console=false", *overrides], check=True)
     seconds = time.time() - start

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -28,6 +29,7 @@ BASE = ["model=tiny_moe", "trainer.steps=40", "trainer.eval_every=40", "algo.ppo
 
 
 def run(run_dir: Path, algo: str, replay: bool, seed: int, overrides: list[str]) -> None:
+    shutil.rmtree(run_dir, ignore_errors=True)  # a rerun starts fresh (rlft refuses a used run directory)
     subprocess.run([sys.executable, "-m", "rlft.cli", "train", f"hydra.run.dir={run_dir}", f"algo={algo}",
                     f"algo.routing_replay={str(replay).lower()}", f"seed={seed}", "logger.console=false",
                     *BASE, *overrides], check=True)
