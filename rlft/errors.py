@@ -1,3 +1,9 @@
+def first_line(err: BaseException) -> str:
+    """An exception's first line (libraries' messages run to many), or its type's name when it has none."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
 class UserError(Exception):
     """A problem with what the user gave (config, files, reward functions), reported as one line."""
 

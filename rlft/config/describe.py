@@ -18,6 +18,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from rlft.config import GROUPS, SCHEMAS
 from rlft.config.run import RunConfig
+from rlft.errors import first_line
 
 # Keys that moved in the config redesign, and where they went.
 MOVED = {
@@ -237,7 +238,7 @@ def describe_config_error(err: BaseException, choices: dict[str, str] | None = N
             group = (e.missing_cfg_file or "").rsplit("/", 1)
             if e.options and len(group) == 2:
                 return f"unknown {group[0]} '{group[1]}' (available: {', '.join(e.options)})"
-            return _first_line(e)
+            return first_line(e)
     for e in chain:
         full_key = getattr(e, "full_key", None) or ""
         if isinstance(e, (ConfigKeyError, ConfigAttributeError)) and not isinstance(e, MissingMandatoryValue):
@@ -245,7 +246,7 @@ def describe_config_error(err: BaseException, choices: dict[str, str] | None = N
         if isinstance(e, MissingMandatoryValue):
             return _required_message(full_key, choices or {})
         if isinstance(e, ValidationError):
-            message = _first_line(e)
+            message = first_line(e)
             if message.startswith("Invalid value") and "expected one of [" in message:
                 value = message.split("'")[1]
                 allowed = message.split("expected one of [")[1].rstrip("]")
@@ -253,10 +254,10 @@ def describe_config_error(err: BaseException, choices: dict[str, str] | None = N
             return f"{full_key}: {message}" if full_key else message
     for e in chain:
         if isinstance(e, OverrideParseException):
-            return f"cannot parse override '{e.override}': {_first_line(e)}"
+            return f"cannot parse override '{e.override}': {first_line(e)}"
     config_errors = [e for e in chain if isinstance(e, (ConfigCompositionException, OmegaConfBaseException))]
     if config_errors:  # Hydra's composition error may say nothing itself; what it wraps does
-        return next((_first_line(e) for e in chain if str(e).strip()), _first_line(config_errors[0]))
+        return next((first_line(e) for e in chain if str(e).strip()), first_line(config_errors[0]))
     return None
 
 
@@ -269,8 +270,3 @@ def _required_message(full_key: str, choices: dict[str, str]) -> str:
     where = f" with {group}={option}" if option else ""
     explained = f" ({help_text[0].lower()}{help_text[1:].rstrip('.')})" if help_text else ""
     return f"{full_key} is required{where}{explained}"
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from rlft.types import Problem
-from rlft.errors import ConfigError
+from rlft.errors import ConfigError, first_line
 from rlft.registry import import_function
 
 FILE_FORMATS = (".jsonl", ".json", ".csv", ".parquet")
@@ -210,7 +210,7 @@ def _datasets(path: str, split: str) -> Iterator[tuple[str, dict]]:
         else:
             data = datasets.load_dataset(str(folder) if folder.is_dir() else path, split=split)
     except Exception as err:  # datasets raises many kinds: not found, no such split, offline, ...
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = first_line(err)
         raise ConfigError(f"data.path '{path}' (split '{split}'): cannot load it as a dataset ({first})") from None
     for index, row in enumerate(data):
         yield f"{path} [{split}] row {index}", dict(row)

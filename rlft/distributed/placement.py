@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from rlft.errors import ConfigError, WorkerDied
+from rlft.errors import ConfigError, WorkerDied, first_line
 
 # What a test or a user sets in the driver's environment and the actors need too (fault hooks, vLLM knobs).
 FORWARDED_ENV_PREFIXES = ("RLFT_", "VLLM_", "WANDB_", "HF_")
@@ -167,7 +167,7 @@ def join_ray(address: str, timeout_s: float) -> None:
     try:
         ray.init(address=address, log_to_driver=True)
     except (ConnectionError, RuntimeError, ValueError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = first_line(err)
         raise ConfigError(f"hardware.ray_address={address}: cannot join the Ray cluster ({first})") from None
 
 

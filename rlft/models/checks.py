@@ -12,7 +12,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlft.errors import ConfigError
+from rlft.errors import ConfigError, first_line
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ def read_model_config(model_path: str, key: str = "model.path"):
     try:
         return AutoConfig.from_pretrained(model_path)
     except (OSError, ValueError, KeyError, json.JSONDecodeError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = first_line(err)
         config = Path(model_path) / "config.json"
         where = str(config) if config.is_file() else f"{key} '{model_path}'"
         raise ConfigError(f"{where}: not a model config transformers can read ({first})") from None

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from rlft.errors import ConfigError
+from rlft.errors import ConfigError, first_line
 
 BUILTIN_DIR = Path(__file__).parent
 BUILTIN_PREFIX = "builtin:"
@@ -61,7 +61,7 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except OSError as err:
-        raise ConfigError(f"model.path '{path}': cannot load a tokenizer ({_first_line(err)})") from None
+        raise ConfigError(f"model.path '{path}': cannot load a tokenizer ({first_line(err)})") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -71,9 +71,5 @@ def load_causal_lm(path: str, dtype: str, device: str, attn_implementation: str 
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation=attn_implementation)
     except OSError as err:
-        raise ConfigError(f"model.path '{path}': cannot load a causal LM ({_first_line(err)})") from None
+        raise ConfigError(f"model.path '{path}': cannot load a causal LM ({first_line(err)})") from None
     return model.to(device)
-
-
-def _first_line(err: Exception) -> str:
-    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
