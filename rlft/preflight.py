@@ -14,11 +14,13 @@ from pathlib import Path
 
 from rlft.checkpoint import latest_checkpoint
 from rlft.config import RunConfig, validate
+from rlft.config.env import response_budget
 from rlft.data import load_task
 from rlft.data.prompts import PromptEncoder, context_limit, describe_limit, drop_long_prompts
 from rlft.errors import ConfigError
 from rlft.models.checks import (ModelShape, available_memory_bytes, check_attention, check_context,
-                                check_lora_targets, check_weight_files, read_model_config, shape_of, step_bytes)
+                                check_lora_targets, check_weight_files, check_weights_match,
+                                read_model_config, shape_of, step_bytes)
 from rlft.models.loading import load_tokenizer, resolve_model_path
 from rlft.rewards.scorer import RewardScorer
 from rlft.types import Problem
@@ -46,6 +48,7 @@ class Prepared:
     dropped: tuple[int, int] = (0, 0)       # training and held-out prompts longer than prompt_limit allows
     prompt_limit: str = ""                  # what sets the longest prompt kept (describe_limit's words)
     notes: list[str] = field(default_factory=list)
+    episodes: object = None                 # rlft.envs.EpisodeSetup: multi-turn episodes (env), else None
 
 
 def preflight(cfg: RunConfig, controls: RunControls = RunControls()) -> Prepared:
@@ -56,13 +59,18 @@ def preflight(cfg: RunConfig, controls: RunControls = RunControls()) -> Prepared
     tokenizer = load_tokenizer(model_path)
     data = cfg.data
     encode = PromptEncoder(tokenizer, getattr(data, "chat_template", None), getattr(data, "system_prompt", None))
+    episodes = None
+    if cfg.env.multi_turn:  # the environment, its tools and the chat template's observations, checked now
+        from rlft.envs import EpisodeSetup
+        episodes = EpisodeSetup(cfg.env, tokenizer)
     train, held_out = load_task(data)
     # A prompt that can't fit with a response in the model's context is dropped, max_prompt_tokens or not.
-    limits = (shape.context, cfg.rollout.max_new_tokens, getattr(data, "max_prompt_tokens", None))
+    limits = (shape.context, response_budget(cfg), getattr(data, "max_prompt_tokens", None))
     limit, reason = context_limit(*limits), describe_limit(*limits)
     train, dropped_train = drop_long_prompts(train, encode, limit, "training", reason)
     held_out, dropped_eval = drop_long_prompts(held_out, encode, limit, "held-out", reason)
-    scorer = RewardScorer(cfg.reward, max_response_tokens=cfg.rollout.max_new_tokens)
+    scorer = RewardScorer(cfg.reward, max_response_tokens=response_budget(cfg))
+    check_reward_functions(scorer, train[0] if train else None)
     steps = steps_for(cfg.trainer, len(train))
     resume_from = latest_checkpoint(controls.resume) if controls.resume else None
     if controls.resume and resume_from is None:
@@ -72,7 +80,7 @@ def preflight(cfg: RunConfig, controls: RunControls = RunControls()) -> Prepared
         raise ConfigError(f"trainer.exit_after_step must be in [1, trainer.steps={steps}] "
                           f"(got {controls.exit_after_step})")
     return Prepared(model_path, tokenizer, encode, train, held_out, scorer, steps, resume_from,
-                    (dropped_train, dropped_eval), reason)
+                    (dropped_train, dropped_eval), reason, episodes=episodes)
 
 
 def check_environment(cfg: RunConfig) -> None:
@@ -102,8 +110,9 @@ def check_model(cfg: RunConfig, model_path: str) -> ModelShape:
     config.json and the files' headers: no weights are read."""
     config = read_model_config(model_path)
     check_weight_files(model_path)
+    check_weights_match(config, model_path)
     shape = shape_of(config)
-    check_context(shape, cfg.rollout.max_new_tokens)
+    check_context(shape, response_budget(cfg))
     check_attention(cfg.compute.attn_implementation, cfg.hardware.device)
     if cfg.model.lora is not None:
         check_lora_targets(config, list(cfg.model.lora.target_modules))
@@ -118,7 +127,7 @@ def check_memory(cfg: RunConfig, shape) -> None:
     responses = cfg.trainer.prompts_per_step * cfg.algo.group_size
     micro_batch = min(cfg.compute.micro_batch_size or responses, responses)
     engine_batch = min(getattr(cfg.rollout, "max_batch_size", 0), responses)  # vLLM bounds its own cache
-    needed = step_bytes(shape, responses, micro_batch, cfg.rollout.max_new_tokens + 1, engine_batch)
+    needed = step_bytes(shape, responses, micro_batch, response_budget(cfg) + 1, engine_batch)
     available = available_memory_bytes(cfg.hardware.device)
     if available is not None and needed > available:
         raise ConfigError(
@@ -137,6 +146,32 @@ def check_mixture_of_experts(config, model_path: str, routing_replay) -> None:
                           "routers (model=tiny_moe is one)")
 
 
+def check_reward_functions(scorer: RewardScorer, example: Problem | None) -> None:
+    """The user's reward functions can be called as rlft calls them, by keyword, with a training row's
+    arguments: an async or generator function, or one that requires an argument rlft does not pass, fails
+    here instead of on the first batch."""
+    import inspect
+
+    from rlft.rewards import is_import_path
+    fields = example.fields if example is not None else {}
+    passed = {"prompt", "completion", "answer", "response_tokens", *scorer.settings, *fields}
+    for name, fn in [(name, fn) for name, fn, _ in scorer.fns] + [(scorer.accuracy, scorer.accuracy_fn)]:
+        if not is_import_path(name):
+            continue  # built-ins
+        if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
+            kind = "a generator function" if inspect.isgeneratorfunction(fn) else "an async function"
+            raise ConfigError(f"reward '{name}' is {kind}: a reward function returns its float or dict (a plain def)")
+        try:
+            parameters = inspect.signature(fn).parameters.values()
+        except (TypeError, ValueError):  # a builtin or C function without a signature: called as it is
+            continue
+        required = [p for p in parameters if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        unknown = [p.name for p in required if p.name not in passed or p.kind is p.POSITIONAL_ONLY]
+        if unknown:
+            raise ConfigError(f"reward '{name}' requires {', '.join(unknown)}, which rlft does not pass (it passes by "
+                              f"name: {', '.join(sorted(passed))})")
+
+
 def steps_for(trainer_cfg, train_size: int) -> int:
     """trainer.steps, or enough steps for trainer.epochs passes over the training prompts (rounded up)."""
     if trainer_cfg.epochs is None:
@@ -153,7 +188,7 @@ def describe_run(cfg: RunConfig, prepared: Prepared, start_step: int) -> str:
     steps = prepared.steps
     lines = [
         f"rlft: {t.prompts_per_step} prompts/step x group_size {a.group_size} = {responses} responses/step "
-        f"(<= {responses * cfg.rollout.max_new_tokens:,} response tokens)",
+        f"(<= {responses * response_budget(cfg):,} response tokens)",
         f"      micro_batch_size {micro_batch} -> {passes} forward/backward per optimizer step; "
         f"ppo_epochs {a.ppo_epochs} -> {a.ppo_epochs} optimizer step(s)/step, {a.ppo_epochs * steps} in all",
         f"      {steps} steps over {len(prepared.train)} training prompts "
@@ -165,6 +200,13 @@ def describe_run(cfg: RunConfig, prepared: Prepared, start_step: int) -> str:
     if prepared.encode.chat:
         lines.append("      prompts rendered with the tokenizer's chat template"
                      + (" and data.system_prompt" if getattr(cfg.data, "system_prompt", None) else ""))
+    if cfg.env.multi_turn:
+        e = cfg.env
+        tools = ", ".join(t.name for t in prepared.episodes.tools) or "none"
+        per_turn = f" of <= {e.max_turn_tokens} tokens" if e.max_turn_tokens else ""
+        lines.append(f"      episodes: env {e.environment}, up to {e.max_turns} turns{per_turn}, {e.max_tokens} tokens "
+                     f"after the prompt; tools: {tools} ({prepared.episodes.format} format, {e.tool_timeout_s:g} s "
+                     f"per call)")
     if start_step:
         lines.append(f"      resuming after step {start_step} from {prepared.resume_from}")
     return "\n".join(lines)

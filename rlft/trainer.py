@@ -25,6 +25,7 @@ from rlft.algos.settings import loss_settings, lr_at
 from rlft.algos.shaping import kl_in_reward
 from rlft.config import RunConfig
 from rlft.config.compose import options_line
+from rlft.config.env import response_budget
 from rlft.data.sampler import PromptSampler
 from rlft.errors import Interrupted, NonFiniteUpdates, NonFiniteWeights, RewardError, UserError, WorkerDied
 from rlft.learner.local import LocalLearner
@@ -90,8 +91,9 @@ class Loop:
             truncate_metrics(run_dir / "metrics.jsonl", state.step if state is not None else -1)
         overlong = None
         if algo.overlong is not None and algo.overlong.enabled:
-            overlong = Overlong(max_len=rollout.max_new_tokens, penalty=algo.overlong.penalty,
-                                buffer=algo.overlong.buffer or max(1, rollout.max_new_tokens // 4))
+            budget = response_budget(cfg)  # an episode's tokens (the model's turns only are counted)
+            overlong = Overlong(max_len=budget, penalty=algo.overlong.penalty,
+                                buffer=algo.overlong.buffer or max(1, budget // 4))
         self.collector = Collector(
             engine, PromptSampler(prepared.train, seed=cfg.seed, shuffle=cfg.data.shuffle), prepared.encode,
             partial(tokenizer.batch_decode, skip_special_tokens=True), prepared.scorer.score,
@@ -100,7 +102,8 @@ class Loop:
             tokenizer.pad_token_id, prompts_per_step=cfg.trainer.prompts_per_step,
             dynamic_sampling=algo.dynamic_sampling, max_sampling_rounds=algo.max_sampling_rounds, overlong=overlong,
             collect_ahead=rollout.async_steps == 1, sleep=getattr(rollout, "enable_sleep_mode", False),
-            weights_version=self.start_step)
+            weights_version=self.start_step,
+            episodes=prepared.episodes.runner(engine) if prepared.episodes is not None else None)
         if state is not None:
             rng = state.rollout_rng  # [workers, S] from a run with several rollout workers
             self.collector.restore(state.sampler_position, rng if cfg.hardware.ray or rng.dim() == 1 else rng[0])
@@ -125,7 +128,7 @@ class Loop:
         with clock("ref"):
             ref_logp = self.learner.reference_logprobs(rollout)  # None when kl_coef = 0
         if ref_logp is not None and algo.kl_in_reward:
-            rewards = kl_in_reward(rewards, rollout.logprobs, ref_logp, rollout.response_mask, algo.kl_coef,
+            rewards = kl_in_reward(rewards, rollout.logprobs, ref_logp, rollout.model_mask, algo.kl_coef,
                                    algo.kl_estimator)
             ref_logp = None
 
@@ -133,10 +136,10 @@ class Loop:
         advantages = group_advantages(rewards, algo.group_size, algo.scale_rewards)
 
         # ---- 6. Update the policy: ppo_epochs optimizer steps over micro-batches.
-        loss_mask = rollout.response_mask
+        loss_mask = rollout.model_mask  # the tokens the policy sampled: never an observation's
         if algo.mask_truncated:  # overlong filtering: cut-off responses teach nothing
             loss_mask = loss_mask * (~rollout.truncated)[:, None]
-        settings = loss_settings(algo, step, max_response_len=self.cfg.rollout.max_new_tokens)
+        settings = loss_settings(algo, step, max_response_len=response_budget(self.cfg))
         lr = lr_at(step, self.cfg.optim.lr, self.cfg.optim.warmup_steps)
         with clock("train"):
             stats = self.learner.update(TrainBatch(rollout, advantages, loss_mask, ref_logp), settings, lr)
@@ -213,8 +216,8 @@ class Loop:
 
     def evaluate(self, step: int) -> None:
         """Greedy decoding on the held-out problems."""
-        completions, scores = self.collector.evaluate(self.prepared.held_out, self.cfg.rollout.max_new_tokens)
-        self.monitor.log(eval_row(step, self.prepared.held_out, completions, scores))
+        completions, scores, episodes = self.collector.evaluate(self.prepared.held_out, self.cfg.rollout.max_new_tokens)
+        self.monitor.log(eval_row(step, self.prepared.held_out, completions, scores, episodes))
 
     def resume_hint(self) -> str:
         if self.saved[-1] == 0:

@@ -47,21 +47,29 @@ class Rollout:
     prompt_ids: torch.Tensor      # [N, P] long, left-padded with pad_id
     prompt_mask: torch.Tensor     # [N, P] long, 1 on prompt tokens
     response_ids: torch.Tensor    # [N, R] long, right-padded with pad_id
-    response_mask: torch.Tensor   # [N, R] long, 1 on generated tokens (EOS included)
-    logprobs: torch.Tensor        # [N, R] float32, the engine's log-prob of each generated token, 0 on padding
-    truncated: torch.Tensor       # [N] bool, True where max_new_tokens was hit before EOS
+    response_mask: torch.Tensor   # [N, R] long, 1 on the response's tokens (EOS included), padding 0
+    logprobs: torch.Tensor        # [N, R] float32, the engine's log-prob of each sampled token, 0 elsewhere
+    truncated: torch.Tensor       # [N] bool, True where max_new_tokens (an episode's budget) was hit before EOS
     # [N, P+R, layers, k] uint8: the MoE experts each token was routed to (only when asked for, R3 replay).
     # Padding, and the last sampled token (never fed back), hold expert 0: causal attention keeps them
     # out of every scored log-prob.
     routes: torch.Tensor | None = None
+    # [N, R] long, 1 on the tokens the engine sampled; None: all of the response (one turn). In a multi-turn
+    # episode the response also holds observation tokens (tool output, the environment's messages): the
+    # learner reads them as context (response_mask) but never trains on them (sampled_mask 0).
+    sampled_mask: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
         return self.response_ids.shape[0]
 
     @property
-    def response_lengths(self) -> torch.Tensor:  # [N]
-        return self.response_mask.sum(-1)
+    def model_mask(self) -> torch.Tensor:  # [N, R] the tokens the policy chose: what the loss may train on
+        return self.response_mask if self.sampled_mask is None else self.sampled_mask
+
+    @property
+    def response_lengths(self) -> torch.Tensor:  # [N] the policy's tokens (observations not counted)
+        return self.model_mask.sum(-1)
 
     def select(self, rows: torch.Tensor | slice) -> Rollout:
         """The rows at `rows` (indices, a bool mask or a slice), in order."""
@@ -84,6 +92,9 @@ class Rollout:
             fill = torch.full((t.shape[0], width - t.shape[1], *t.shape[2:]), value, dtype=t.dtype)
             return torch.cat([fill, t] if left else [t, fill], dim=1)
 
+        sampled = None
+        if any(r.sampled_mask is not None for r in parts):
+            sampled = torch.cat([pad(r.model_mask, w, 0, False) for r in parts])
         routes = None
         if all(r.routes is not None for r in parts):  # prompt part padded left, response part right
             routes = torch.cat([torch.cat([pad(r.routes[:, :r.prompt_ids.shape[1]], p, 0, True),
@@ -97,6 +108,7 @@ class Rollout:
             logprobs=torch.cat([pad(r.logprobs, w, 0.0, False) for r in parts]),
             truncated=torch.cat([r.truncated for r in parts]),
             routes=routes,
+            sampled_mask=sampled,
         )
 
 
@@ -111,6 +123,34 @@ class Scores:
 
 
 @dataclass
+class EpisodeStats:
+    """Multi-turn episodes (rlft.envs): per episode, in the rows of their rollout."""
+
+    turns: torch.Tensor               # [N] long, the model's turns
+    tool_calls: torch.Tensor          # [N] long, tool calls parsed from its turns
+    tool_errors: torch.Tensor         # [N] long, calls that failed: unknown tool, bad arguments, raised, timed out
+    observation_tokens: torch.Tensor  # [N] long, tokens the environment added (trained on as context only)
+    cut: list[str]                    # [N] why each episode ended: "done", "turns", "tokens", "tool_timeout"
+    env_rewards: torch.Tensor         # [N] float32, the environment's rewards, summed over the episode
+    answer_from_tool: torch.Tensor    # [N] bool, the final answer is (stripped) the output of one of its tool calls
+    tool_seconds: float = 0.0         # wall clock spent waiting for tools, over the batch
+    transcripts: list[str] = field(default_factory=list)  # [N] each whole episode as text (for the logs)
+
+    def select(self, rows: torch.Tensor | slice) -> EpisodeStats:
+        index = torch.arange(len(self.cut))[rows].tolist()
+        return EpisodeStats(self.turns[rows], self.tool_calls[rows], self.tool_errors[rows],
+                            self.observation_tokens[rows], [self.cut[i] for i in index], self.env_rewards[rows],
+                            self.answer_from_tool[rows], self.tool_seconds, [self.transcripts[i] for i in index] if self.transcripts else [])
+
+    @staticmethod
+    def concat(parts: list[EpisodeStats]) -> EpisodeStats:
+        return EpisodeStats(*(torch.cat([getattr(p, name) for p in parts])
+                              for name in ("turns", "tool_calls", "tool_errors", "observation_tokens")),
+                            [c for p in parts for c in p.cut], torch.cat([p.env_rewards for p in parts]),
+                            torch.cat([p.answer_from_tool for p in parts]), sum(p.tool_seconds for p in parts), [t for p in parts for t in p.transcripts])
+
+
+@dataclass
 class ScoredGroups:
     """A step's training groups, as the collector hands them to the trainer; rows of one group adjacent."""
 
@@ -118,6 +158,7 @@ class ScoredGroups:
     rollout: Rollout            # [N, ...]
     scores: Scores              # [N] the task rewards
     rewards: torch.Tensor       # [N] scores.total plus any length shaping: what advantages are computed from
+    episodes: EpisodeStats | None = None  # multi-turn runs (an environment): what the episodes did
     rounds: int = 1             # sampling rounds (dynamic sampling samples again for mixed groups)
     dropped_groups: int = 0     # groups dropped by dynamic sampling (all rewards equal)
     generate_seconds: float = 0.0

@@ -37,7 +37,8 @@ def test_every_yaml_is_the_main_config_or_an_option_of_a_group():
 
 @pytest.mark.parametrize("group,option", group_options())
 def test_every_yaml_composes_onto_its_own_schema(group, option):
-    overrides = [f"{group}={option}"] + (["data.path=x.jsonl"] if (group, option) == ("data", "dataset") else [])
+    required = {("data", "dataset"): ["data.path=x.jsonl"], ("env", "custom"): ["env.environment=mypkg.envs:MyEnv"]}
+    overrides = [f"{group}={option}"] + required.get((group, option), [])
     run = composed(*overrides)
     assert isinstance(run, RunConfig)
     schema = option_schema(group, option)
@@ -53,9 +54,9 @@ def leaves(node: DictConfig, prefix: str = "") -> list[str]:
     out = []
     for key in node:
         child = node._get_node(key)
-        section = isinstance(child, DictConfig) and not child._is_none() and len(child)
+        section = isinstance(child, DictConfig) and not child._is_none()
         if section and is_dataclass(OmegaConf.get_type(child)):
-            out += leaves(child, f"{prefix}{key}.")
+            out += leaves(child, f"{prefix}{key}.")  # an option with no keys (env=none) adds none
         else:
             out.append(f"{prefix}{key}")
     return out
@@ -69,7 +70,8 @@ def test_the_default_config_has_fewer_than_60_keys(rlft):
 
 @pytest.mark.parametrize("group,option", group_options())
 def test_every_key_of_every_option_has_help(group, option):
-    overrides = [f"{group}={option}"] + (["data.path=x.jsonl"] if (group, option) == ("data", "dataset") else [])
+    required = {("data", "dataset"): ["data.path=x.jsonl"], ("env", "custom"): ["env.environment=mypkg.envs:MyEnv"]}
+    overrides = [f"{group}={option}"] + required.get((group, option), [])
     dcfg, _ = compose(overrides)
     for key in leaves(dcfg):
         found = schema_at(key, dcfg)
@@ -136,7 +138,7 @@ ERRORS = [
     (["algo.micro_batch_size=8"], "unknown config key 'algo.micro_batch_size': it moved to compute.micro_batch_size"),
     (["model.gguf_file=x.gguf"], "unknown config key 'model.gguf_file': it moved to model.path (FOLDER/FILE.gguf"),
     # values
-    (["model=nope"], "unknown model 'nope' (available: smollm2_135m, tiny_adder, tiny_moe)"),
+    (["model=nope"], "unknown model 'nope' (available: smollm2_135m, tiny_adder, tiny_calculator, tiny_moe)"),
     (["data.system_prompt=Be brief."], "data.system_prompt goes into the chat template, but this run renders plain"),
     (["algo.group_size=abc"], "algo.group_size: Value 'abc' of type 'str' could not be converted to Integer"),
     (["algo.loss_agg=mean"], "algo.loss_agg='mean' is not one of: token_mean, seq_mean_token_mean, seq_mean"),
@@ -166,7 +168,7 @@ ERRORS = [
     (["trainer.profile_steps=[0]"], "trainer.profile_steps takes a list of step numbers, e.g. [2,5] (got '[0]')"),
     (["trainer.profile_steps=[2,"], "trainer.profile_steps takes a list of step numbers, e.g. [2,5] (got '[2,')"),
     # what rlft train takes: group options by name, its own flags, no deletions
-    (["data=null"], "data= takes the name of one of its options (arithmetic, countdown, dataset"),
+    (["data=null"], "data= takes the name of one of its options (arithmetic, calculator, countdown, dataset"),
     (["algo=[grpo,dapo]"], "algo= takes the name of one of its options (dapo, grpo, gspo); got '[grpo,dapo]'"),
     (["~algo.kl_coef"], "'~algo.kl_coef': rlft keys cannot be deleted; set the key instead (algo.kl_coef=VALUE)"),
     (["--cfg", "hydra"], "--cfg takes 'job' (rlft train --cfg job prints the composed config); got 'hydra'"),

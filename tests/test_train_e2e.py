@@ -82,6 +82,11 @@ def test_resume_continues_exactly_where_the_run_stopped(rlft, tmp_path):
     with (resumed / "metrics.jsonl").open("a") as f:
         f.write(json.dumps({"step": 4, "train/loss": 123.0}) + "\n")
     rlft("train", f"resume={resumed}")
+    assert_same_run(straight, resumed)
+
+
+def assert_same_run(straight, resumed) -> None:
+    """Every metric row (wall-clock ones aside; round-off ones within 1e-5) and every final weight bit equal."""
     assert deterministic(read_metrics(resumed)) == deterministic(read_metrics(straight))
     for theirs, ours in zip(roundoff(read_metrics(straight)), roundoff(read_metrics(resumed)), strict=True):
         assert ours == pytest.approx(theirs, abs=1e-5)

@@ -159,6 +159,25 @@ def test_rlft_train_with_the_vllm_engine_learns(rlft, tmp_path):
     assert all(r["sync/bytes"] > 0 for r in steps)
 
 
+@pytest.mark.slow
+def test_rlft_train_runs_the_calculator_environment_on_vllm(rlft, tmp_path):
+    """Multi-turn episodes on vLLM: each turn from token ids (the history grows by sampled and observation ids),
+    tool calls run, the learner agrees with the engine on every sampled token."""
+    from conftest import read_metrics
+    run = tmp_path / "run"
+    rlft("train", f"hydra.run.dir={run}", "rollout=vllm", "env=calculator", "data=calculator", "model=tiny_calculator",
+         "trainer.steps=3", "trainer.eval_every=3", "trainer.prompts_per_step=8", "algo.group_size=4",
+         "data.eval_size=24", "logger.console=false")
+    rows = read_metrics(run)
+    steps = [r for r in rows if r.get("kind") != "eval"]
+    evals = [r for r in rows if r.get("kind") == "eval"]
+    assert len(steps) == 3 and len(evals) == 2
+    assert all(r["episode/tool_call_rate"] > 0 and r["episode/observation_tokens_mean"] > 0 for r in steps)
+    assert all(r["episode/turns_mean"] > 1 for r in steps)
+    assert max(r["rollout/logprob_diff_max"] for r in steps) < 1e-3
+    assert evals[0]["eval/episode/tool_call_rate"] > 0
+
+
 def test_a_moe_model_syncs_exactly_into_vllm():
     """model=tiny_moe: vLLM's CPU MoE prepacks the expert weights, and its in-place reload skips that step
     (rlft.rollout.vllm_worker repeats it). Without it the engine's log-probs drift by ~0.5 after one sync."""

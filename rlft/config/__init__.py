@@ -4,17 +4,17 @@ express. Hydra composes the YAML onto these schemas, registered in its ConfigSto
 
     algo      one schema, presets in conf/algo/ (GRPO's defaults; dapo.yaml, gspo.yaml list the rest)
     model     one schema, presets in conf/model/
-    data, reward, rollout, hardware, logger: a schema per option (a key of another option is refused)
+    data, reward, env, rollout, hardware, logger: a schema per option (a key of another option is refused)
     trainer, optim, compute: sections of conf/config.yaml
 """
 
 from __future__ import annotations
 
-from rlft.config import algo, data, hardware, logger, model, reward, rollout, run
+from rlft.config import algo, data, env, hardware, logger, model, reward, rollout, run
 from rlft.config.checks import every_number_finite
 from rlft.config.run import RunConfig
 
-GROUPS = ("algo", "model", "data", "reward", "rollout", "hardware", "logger")
+GROUPS = ("algo", "model", "data", "reward", "env", "rollout", "hardware", "logger")
 
 # ConfigStore entries "schema/<group>/<name>" that the option YAMLs extend (`defaults: [/schema/...@_here_]`)
 SCHEMAS = {
@@ -26,6 +26,9 @@ SCHEMAS = {
     "schema/data/reasoning_gym": data.ReasoningGymData,
     "schema/data/humaneval": data.HumanEvalData,
     "schema/data/dataset": data.DatasetData,
+    "schema/data/calculator": data.CalculatorData,
+    "schema/env/none": env.NoEnv,
+    "schema/env/tools": env.EnvConfig,
     "schema/reward/basic": reward.RewardConfig,
     "schema/reward/formatted": reward.FormattedReward,
     "schema/reward/code_tests": reward.CodeTestsReward,
@@ -37,7 +40,8 @@ SCHEMAS = {
     "schema/logger/wandb": logger.WandbLogger,
 }
 
-CHECKS = (algo.check, model.check, data.check, reward.check, rollout.check, hardware.check, run.check)
+CHECKS = (algo.check, model.check, data.check, reward.check, env.check, rollout.check, hardware.check,
+          run.check)
 
 
 def validate(cfg: RunConfig) -> None:

@@ -82,6 +82,14 @@ class HumanEvalData(PromptFormat, DataBase):
 
 
 @dataclass
+class CalculatorData(DataBase):
+    name: ClassVar[str] = "calculator"
+    size: int = 20000
+    """Training problems generated: a 4-digit times a 3-digit number (with env=calculator)."""
+    eval_size: int = 200
+
+
+@dataclass
 class DatasetData(PromptFormat, DataBase):
     name: ClassVar[str] = "dataset"
     path: str = MISSING
@@ -122,3 +130,6 @@ def check(cfg) -> None:
         positive(f"data.tasks.{task}", weight)
     if isinstance(d, DatasetData) and not d.path.strip():
         raise ConfigError("data.path is empty: name a .jsonl/.csv/.parquet file, a folder or a hub id")
+    if isinstance(d, DatasetData) and d.map_fn is None and d.prompt_key == d.answer_key:
+        raise ConfigError(f"data.prompt_key and data.answer_key are both '{d.prompt_key}': the answer would be "
+                          "the prompt itself")

@@ -88,6 +88,7 @@ class RunConfig:
     # each of these is the schema of the option chosen (rlft.config.SCHEMAS)
     data: Any = MISSING
     reward: Any = MISSING
+    env: Any = MISSING
     rollout: Any = MISSING
     hardware: Any = MISSING
     logger: Any = MISSING

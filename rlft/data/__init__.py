@@ -26,12 +26,16 @@ def load_task(cfg) -> tuple[list[Problem], list[Problem]]:
     if cfg.name == "reasoning_gym":
         from rlft.data.reasoning_gym import reasoning_gym_split
         return reasoning_gym_split(dict(cfg.tasks), cfg.size, cfg.eval_size, cfg.split_seed)
+    if cfg.name == "calculator":
+        from rlft.data.calculator import split_problems as calculator_split
+        return calculator_split(cfg.eval_size, cfg.split_seed, cfg.size)
     if cfg.name == "humaneval":
         from rlft.data.humaneval import humaneval_problems
         return split_off(humaneval_problems(), cfg.eval_size, cfg.split_seed, "HumanEval")
     if cfg.name != "dataset":
         raise ValueError(f"no loader for data option '{cfg.name}'")
-    from rlft.data.files import load_problems
+    from rlft.data.files import check_splits, load_problems
+    check_splits(cfg.path, cfg.split, cfg.eval_path, cfg.eval_split)
     train = load_problems(cfg.path, cfg.split, cfg.prompt_key, cfg.answer_key, cfg.map_fn)
     if cfg.eval_path or cfg.eval_split:
         return train, load_problems(cfg.eval_path or cfg.path, cfg.eval_split or cfg.split, cfg.prompt_key,

@@ -167,7 +167,7 @@ class Policy:
             self.optimizer.zero_grad(set_to_none=True)
             epoch_losses = []
             seconds["optimizer"] += clock() - started
-        mask = rollout.response_mask[mine.start:mine.stop].bool()
+        mask = rollout.model_mask[mine.start:mine.stop].bool()  # observation tokens have no engine log-prob
         diff = (old_logp - rollout.logprobs)[mine.start:mine.stop].abs()[mask]
         diff_sum, diff_count = float(diff.sum()), float(diff.numel())
         diff_max = float(diff.max()) if diff.numel() else 0.0

@@ -75,6 +75,7 @@ class _Call:
     index: int
     fn_name: str
     arguments: dict[str, Any]
+    tool: bool = False     # an environment's tool (rlft.envs.tools): its exact arguments, a text result
 
 
 @dataclass(frozen=True)
@@ -111,11 +112,12 @@ class _Worker:
 
 @dataclass
 class _Batch:
-    fn_name: str
+    fn_names: list[str]        # per call
     calls: list[dict[str, Any]]
     outcomes: list[Outcome | None]
     pending: deque[int]
     failed: bool = False
+    tool: bool = False
 
     def finish(self, index: int, outcome: Outcome) -> None:
         self.outcomes[index] = outcome
@@ -137,8 +139,17 @@ class RewardPool:
     def run(self, fn_name: str, calls: list[dict[str, Any]], stop_at_first_error: bool = False) -> list[Outcome]:
         """fn_name (an import path) on each call's keyword arguments; the outcomes in the calls' order."""
         with self._lock:
-            return self._run(_Batch(fn_name, calls, [None] * len(calls), deque(range(len(calls)))),
+            return self._run(_Batch([fn_name] * len(calls), calls, [None] * len(calls), deque(range(len(calls)))),
                              stop_at_first_error)
+
+    def run_tools(self, calls: dict[int, tuple[str, dict[str, Any]]]) -> dict[int, Outcome]:
+        """Tool calls {key: (import path, arguments)}: each function called with exactly its arguments, its
+        result text (rlft.envs.tools.as_tool_output) or error in Outcome; {key: Outcome}."""
+        keys = list(calls)
+        with self._lock:
+            outcomes = self._run(_Batch([calls[k][0] for k in keys], [calls[k][1] for k in keys], [None] * len(keys),
+                                        deque(range(len(keys))), tool=True), stop_at_first_error=False)
+        return dict(zip(keys, outcomes))
 
     def close(self) -> None:
         with self._lock:
@@ -195,14 +206,14 @@ class RewardPool:
                 return
             index = batch.pending.popleft()
             try:
-                worker.conn.send(_Call(index, batch.fn_name, batch.calls[index]))
+                worker.conn.send(_Call(index, batch.fn_names[index], batch.calls[index], batch.tool))
             except (OSError, EOFError):  # died while idle: the call goes to another worker
                 batch.pending.appendleft(index)
                 self._replace(worker)
                 continue
             worker.index, worker.calls = index, worker.calls + 1
             # the first call of a function includes importing its module: the start-up's allowance
-            budget = self.timeout_s + GRACE_S if batch.fn_name in worker.loaded else START_TIMEOUT_S
+            budget = self.timeout_s + GRACE_S if batch.fn_names[index] in worker.loaded else START_TIMEOUT_S
             worker.deadline = time.monotonic() + budget
 
     def _receive(self, batch: _Batch, timeout: float) -> None:
@@ -229,7 +240,7 @@ class RewardPool:
         if isinstance(message, _Ready):
             worker.ready, worker.deadline = True, float("inf")
         elif isinstance(message, _Loaded) and message.index == worker.index:
-            worker.loaded.add(batch.fn_name)
+            worker.loaded.add(batch.fn_names[message.index])
             worker.deadline = time.monotonic() + self.timeout_s + GRACE_S
         elif isinstance(message, _Done) and message.index == worker.index:
             batch.finish(message.index, message.outcome)
@@ -265,7 +276,7 @@ class RewardPool:
                 self._failed_to_start(worker, batch, f"TimeoutError: a reward worker did not start within "
                                                      f"{START_TIMEOUT_S:g} s")
                 continue
-            importing = batch.fn_name not in worker.loaded
+            importing = batch.fn_names[worker.index] not in worker.loaded
             batch.finish(worker.index, Outcome(
                 error=f"TimeoutError: importing the function's module took more than {START_TIMEOUT_S:g} s"
                 if importing else f"TimeoutError: no result within {self.timeout_s:g} s (worker killed)"))
@@ -311,6 +322,7 @@ def _worker_main(conn: Connection, timeout_s: float, memory_mb: int, trainer_pid
     _cap_memory(memory_mb)
     _die_with(trainer_pid)
     signal.signal(signal.SIGALRM, _on_alarm)
+    from rlft.registry import import_function
     from rlft.rewards import resolve_reward
     resolved: dict[str, Any] = {}
     conn.send(_Ready())
@@ -322,7 +334,10 @@ def _worker_main(conn: Connection, timeout_s: float, memory_mb: int, trainer_pid
         fn = resolved.get(call.fn_name)
         if fn is None:
             try:
-                fn = resolved[call.fn_name] = resolve_reward(call.fn_name)
+                if call.tool:  # rlft.envs too (its as_tool_output), within the import's allowance
+                    import rlft.envs.tools  # noqa: F401
+                fn = resolved[call.fn_name] = (import_function(call.fn_name, "tool") if call.tool
+                                               else resolve_reward(call.fn_name))
             except (Exception, SystemExit) as err:  # a MemoryError or an exit at import is the call's too
                 conn.send(_failed(call.index, err, memory_mb))
                 continue
@@ -335,9 +350,12 @@ def _timed_call(call: _Call, fn, timeout_s: float, memory_mb: int) -> _Done:
     try:
         try:
             signal.setitimer(signal.ITIMER_REAL, timeout_s)
-            value = call_reward(fn, call.arguments)
+            value = fn(**call.arguments) if call.tool else call_reward(fn, call.arguments)
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
+        if call.tool:
+            from rlft.envs.tools import as_tool_output
+            return _Done(call.index, Outcome(value=as_tool_output(value)))
         return _Done(call.index, Outcome(value=as_reward(value)))
     except _CallTimeout:
         return _Done(call.index, Outcome(error=f"TimeoutError: no result within {timeout_s:g} s"))

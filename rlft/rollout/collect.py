@@ -22,7 +22,8 @@ import torch
 
 from rlft.algos.shaping import mixed_groups, overlong_penalty
 from rlft.data.sampler import PromptSampler
-from rlft.types import Learner, Problem, Rollout, RolloutEngine, SamplingParams, ScoredGroups, Scores, SyncStats
+from rlft.types import (EpisodeStats, Learner, Problem, Rollout, RolloutEngine, SamplingParams, ScoredGroups,
+                        Scores, SyncStats)
 
 # (the problem of each response, completions, response lengths in tokens) -> Scores (RewardScorer.score)
 ScoreFn = Callable[[list[Problem], list[str], list[int]], Scores]
@@ -44,8 +45,9 @@ class Collector:
                  decode: Callable[[torch.Tensor], list[str]], score: ScoreFn, sampling: SamplingParams,
                  pad_id: int, *, prompts_per_step: int, dynamic_sampling: bool = False, max_sampling_rounds: int = 1,
                  overlong: Overlong | None = None, collect_ahead: bool = False, sleep: bool = False,
-                 weights_version: int = 0):
+                 weights_version: int = 0, episodes=None):
         self.engine, self.sampler, self.encode, self.decode, self.score = engine, sampler, encode, decode, score
+        self.episodes = episodes  # an rlft.envs.EpisodeRunner: multi-turn episodes instead of one response each
         self.sampling, self.pad_id, self.prompts_per_step = sampling, pad_id, prompts_per_step
         self.rounds = max_sampling_rounds if dynamic_sampling else 1
         self.dynamic_sampling, self.overlong, self.sleep = dynamic_sampling, overlong, sleep
@@ -82,13 +84,15 @@ class Collector:
             self._pending.exception()
         return time.perf_counter() - start
 
-    def evaluate(self, problems: list[Problem], max_new_tokens: int) -> tuple[list[str], Scores]:
-        """Greedy completions of the held-out problems, and their scores."""
+    def evaluate(self, problems: list[Problem], max_new_tokens: int
+                 ) -> tuple[list[str], Scores, EpisodeStats | None]:
+        """Greedy completions of the held-out problems (multi-turn: whole episodes), their scores, and the
+        episodes' stats."""
         self.wait()
-        rollout = self.engine.generate([self.encode(p.prompt) for p in problems],
-                                       SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens))
-        completions = self.decode(rollout.response_ids)
-        return completions, self.score(problems, completions, rollout.response_lengths.tolist())
+        greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens)
+        rollout, completions, episodes = self._generate(problems, greedy)
+        scores = _with_env_rewards(self.score(problems, completions, rollout.response_lengths.tolist()), episodes)
+        return (episodes.transcripts if episodes is not None else completions), scores, episodes
 
     def state(self) -> tuple[int, torch.Tensor]:
         """(problems dealt, the engine's sampling state): what a checkpoint needs to resume the same samples."""
@@ -99,6 +103,8 @@ class Collector:
         self.engine.set_rng_state(rng)
 
     def close(self) -> None:
+        if self.episodes is not None:
+            self.episodes.runner.close()
         if self._ahead is not None:
             self._ahead.shutdown(wait=True, cancel_futures=True)
 
@@ -110,12 +116,13 @@ class Collector:
         for rounds in range(1, self.rounds + 1):
             problems = self.sampler.next(self.prompts_per_step)
             t = time.perf_counter()
-            rollout = self.engine.generate([self.encode(p.prompt) for p in problems], self.sampling)
+            rollout, completions, episodes = self._generate(problems, self.sampling)
             generate_seconds += time.perf_counter() - t
 
             t = time.perf_counter()
             per_response = [p for p in problems for _ in range(group_size)]
-            scores = self.score(per_response, self.decode(rollout.response_ids), rollout.response_lengths.tolist())
+            scores = _with_env_rewards(self.score(per_response, completions, rollout.response_lengths.tolist()),
+                                       episodes)
             errors += scores.errors
             rewards = scores.total
             if self.overlong is not None:
@@ -129,7 +136,8 @@ class Collector:
             dropped += int((~keep).sum())
             rows = keep.repeat_interleave(group_size)
             kept.append(ScoredGroups([p for p, k in zip(problems, keep) if k], rollout.select(rows),
-                                     _select(scores, rows), rewards[rows]))
+                                     _select(scores, rows), rewards[rows],
+                                     episodes=None if episodes is None else episodes.select(rows)))
             kept_groups += int(keep.sum())
             if kept_groups >= self.prompts_per_step:
                 break
@@ -141,9 +149,31 @@ class Collector:
                         parts={k: torch.cat([part.scores.parts[k] for part in kept])[:n] for k in kept[0].scores.parts},
                         errors=errors)
         rollout = Rollout.concat([part.rollout for part in kept], self.pad_id).select(slice(0, n))
-        return ScoredGroups(problems=problems, rollout=rollout, scores=scores, rewards=torch.cat([part.rewards for part in kept])[:n], rounds=rounds,
+        episodes = None
+        if self.episodes is not None:
+            episodes = EpisodeStats.concat([part.episodes for part in kept]).select(slice(0, n))
+        return ScoredGroups(problems=problems, rollout=rollout, scores=scores,
+                            rewards=torch.cat([part.rewards for part in kept])[:n], episodes=episodes, rounds=rounds,
                             dropped_groups=dropped, generate_seconds=generate_seconds, reward_seconds=reward_seconds,
                             weights_version=weights_version)
+
+    def _generate(self, problems: list[Problem], params: SamplingParams
+                  ) -> tuple[Rollout, list[str], EpisodeStats | None]:
+        """params.n responses (or episodes) per problem: (rollout, the text the reward functions score, the
+        episodes' stats when multi-turn)."""
+        if self.episodes is None:
+            rollout = self.engine.generate([self.encode(p.prompt) for p in problems], params)
+            return rollout, self.decode(rollout.response_ids), None
+        episodes = self.episodes.run(problems, params)
+        return episodes.rollout, episodes.completions, episodes.stats
+
+
+def _with_env_rewards(scores: Scores, episodes: EpisodeStats | None) -> Scores:
+    """The environment's rewards (summed over each episode) added to the reward functions', as part `env`."""
+    if episodes is None:
+        return scores
+    return Scores(scores.total + episodes.env_rewards, scores.correct, scores.parts | {"env": episodes.env_rewards},
+                  scores.errors)
 
 
 def _select(scores: Scores, rows: torch.Tensor) -> Scores:

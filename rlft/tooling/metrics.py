@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 import torch
 
-from rlft.types import LossSettings, Problem, ScoredGroups, Scores, SyncStats, UpdateStats
+from rlft.types import EpisodeStats, LossSettings, Problem, ScoredGroups, Scores, SyncStats, UpdateStats
 
 EVAL_ACCURACY = "eval/accuracy"
 TRAIN_REWARD = "train/reward_mean"
@@ -100,6 +100,8 @@ def step_row(step: int, groups: ScoredGroups, rewards: torch.Tensor, stats: Upda
         "perf/train_tokens_per_s": stats.tokens / max(clock.seconds["train"], 1e-9),
         "perf/peak_rss_mb": peak_memory_mb,  # the learner's (the largest rank's)
     }
+    if groups.episodes is not None:
+        row |= episode_metrics("episode", groups.episodes)
     if stats.routing is not None:
         r = stats.routing
         row |= {"moe/routing_drift": r.routing_drift, "moe/router_drift": r.router_drift,
@@ -108,10 +110,30 @@ def step_row(step: int, groups: ScoredGroups, rewards: torch.Tensor, stats: Upda
     return row | {STEP_SECONDS: clock.total()}
 
 
-def eval_row(step: int, problems: list[Problem], completions: list[str], scores: Scores) -> dict:
-    """Greedy held-out evaluation: accuracy (reward.accuracy's full marks), the configured reward, samples."""
+def eval_row(step: int, problems: list[Problem], completions: list[str], scores: Scores,
+             episodes: EpisodeStats | None = None) -> dict:
+    """Greedy held-out evaluation: accuracy (reward.accuracy's full marks), the configured reward, samples
+    (multi-turn: each whole episode as text)."""
     rewards = scores.total.tolist()
-    return {"step": step, "kind": "eval", EVAL_ACCURACY: scores.correct.mean().item(),
-            "eval/reward_mean": scores.total.mean().item(), "eval/size": len(problems),
-            "eval/samples": [{"prompt": p.prompt, "completion": c, "answer": p.answer, "reward": r}
-                             for p, c, r in list(zip(problems, completions, rewards))[:4]]}
+    row = {"step": step, "kind": "eval", EVAL_ACCURACY: scores.correct.mean().item(),
+           "eval/reward_mean": scores.total.mean().item(), "eval/size": len(problems),
+           "eval/samples": [{"prompt": p.prompt, "completion": c, "answer": p.answer, "reward": r}
+                            for p, c, r in list(zip(problems, completions, rewards))[:4]]}
+    if episodes is not None:
+        row |= episode_metrics("eval/episode", episodes)
+    return row
+
+
+def episode_metrics(prefix: str, e: EpisodeStats) -> dict:
+    """Multi-turn episodes: turns, tool use, the tokens the environment added, why episodes ended."""
+    cut = {reason: sum(c == reason for c in e.cut) / len(e.cut) for reason in ("turns", "tokens", "tool_timeout")}
+    return {f"{prefix}/turns_mean": e.turns.float().mean().item(),
+            f"{prefix}/tool_calls_mean": e.tool_calls.float().mean().item(),
+            f"{prefix}/tool_call_rate": (e.tool_calls > 0).float().mean().item(),  # episodes with a call
+            f"{prefix}/tool_errors_mean": e.tool_errors.float().mean().item(),
+            f"{prefix}/answer_from_tool": e.answer_from_tool.float().mean().item(),
+            f"{prefix}/observation_tokens_mean": e.observation_tokens.float().mean().item(),
+            f"{prefix}/env_reward_mean": e.env_rewards.mean().item(),
+            # wall clock, so under perf/ (a resumed run's rows equal a straight run's everywhere else)
+            ("perf/eval_tool_seconds" if prefix.startswith("eval") else "perf/tool_seconds"): e.tool_seconds,
+            **{f"{prefix}/cut_{reason}": share for reason, share in cut.items()}}
