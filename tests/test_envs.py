@@ -279,3 +279,23 @@ def test_code_repair_feeds_test_failures_back_until_the_tests_pass():
     always_wrong, _ = run_episodes(char_tokenizer(), lambda h: "    return a - b", [problem], n=1,
                                    cfg=type("C", (cfg,), {"max_turns": 2}))
     assert always_wrong.stats.cut == ["turns"]
+
+
+def test_the_readme_environment_works_as_written(tmp_path, monkeypatch):
+    """The README's example environment (myenv.py), as printed there: its tool is called, its reward counted."""
+    from conftest import ROOT
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("    # myenv.py\n", 1)[1].split("\n\n    The reward functions", 1)[0]
+    block = block.split("\nThe reward functions", 1)[0]
+    code = "\n".join(line[4:] for line in block.splitlines())
+    assert len([line for line in code.splitlines() if line.strip()]) < 30  # the README promises under 30 lines
+    (tmp_path / "myenv.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    script = lambda h: "France" if "<result>" in h else '<tool_call>{"name": "country", "arguments": {"city": "Paris"}}</tool_call>'  # noqa: E731
+    cfg = type("C", (Config,), {"environment": "myenv:Lookup", "tool_format": "hermes", "max_tokens": 400})
+    episodes, engine = run_episodes(char_tokenizer(), script, [Problem("Which country is Paris in?", "France")], n=1,
+                                    cfg=cfg)
+    assert episodes.completions == ["France"] and episodes.stats.cut == ["done"]
+    assert episodes.stats.tool_calls.tolist() == [1] and episodes.stats.tool_errors.tolist() == [0]
+    assert episodes.stats.env_rewards.tolist() == pytest.approx([-0.1])

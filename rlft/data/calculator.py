@@ -33,6 +33,7 @@ from __future__ import annotations
 import random
 import re
 
+from rlft.data.multistep import evaluate_arithmetic
 from rlft.data.unique import draw_unique
 from rlft.types import Problem
 
@@ -100,18 +101,7 @@ def evaluate_expression(text: str) -> str | None:
     text = text.strip()
     if not _EXPRESSION_RE.fullmatch(text):
         return None
-    total, sign, product, number = 0, 1, 1, ""
-    for ch in text + "+":
-        if ch.isdigit():
-            number += ch
-            continue
-        product *= int(number)
-        number = ""
-        if ch == "*":
-            continue
-        total += sign * product
-        sign, product = (1 if ch == "+" else -1), 1
-    return str(total)
+    return str(evaluate_arithmetic(text))
 
 
 def tool_observation(value: str) -> str:

@@ -16,11 +16,11 @@ def multistep_problem(rng: random.Random, steps: int, max_number: int) -> Proble
     expression = str(rng.randint(1, max_number))
     for _ in range(steps):
         expression += rng.choice("+-*") + str(rng.randint(1, max_number))
-    value = _evaluate(expression)
+    value = evaluate_arithmetic(expression)
     return Problem(prompt=PROMPT.format(expression=expression), answer=str(value), fields={"expression": expression})
 
 
-def _evaluate(expression: str) -> int:
+def evaluate_arithmetic(expression: str) -> int:
     """+ - * over integers, * first: the usual precedence, without eval."""
     terms, sign, product, number = 0, 1, 1, ""
     for ch in expression + "+":
