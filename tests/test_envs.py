@@ -248,6 +248,12 @@ def test_setup_refuses_a_model_without_a_chat_template_and_unknown_environments(
         EpisodeSetup(Config, tokenizer)
     with pytest.raises(ConfigError, match="unknown environment 'nope'"):
         EpisodeSetup(type("C", (Config,), {"environment": "nope"}), char_tokenizer())
+    with pytest.raises(ConfigError, match="json:JSONDecoder is not an environment: it has no reset or step"):
+        EpisodeSetup(type("C", (Config,), {"environment": "json:JSONDecoder"}), char_tokenizer())
+    with pytest.raises(ConfigError, match="making an instance failed: TypeError"):
+        EpisodeSetup(type("C", (Config,), {"environment": "json:dumps"}), char_tokenizer())
+    with pytest.raises(ConfigError, match="a tool of that name is the environment's own already"):
+        EpisodeSetup(type("C", (Config,), {"environment": "calculator", "tools": ["calculator"]}), char_tokenizer())
 
 
 def test_observation_ids_follow_the_template_between_turns():
@@ -299,3 +305,49 @@ def test_the_readme_environment_works_as_written(tmp_path, monkeypatch):
     assert episodes.completions == ["France"] and episodes.stats.cut == ["done"]
     assert episodes.stats.tool_calls.tolist() == [1] and episodes.stats.tool_errors.tolist() == [0]
     assert episodes.stats.env_rewards.tolist() == pytest.approx([-0.1])
+
+
+@pytest.mark.openenv
+def test_an_openenv_environment_defined_here_runs_through_the_adapter():
+    """OpenEnv (openenv-core): an Environment subclass with its pydantic Action and Observation, in process."""
+    pytest.importorskip("openenv.core.env_server.interfaces")
+    from openenv.core.env_server.interfaces import Environment
+    from openenv.core.env_server.types import Action, Observation as OpenEnvObservation, State
+
+    from rlft.envs.openenv import from_openenv
+
+    class GuessAction(Action):
+        guess: str
+
+    class GuessObservation(OpenEnvObservation):
+        feedback: str = ""
+
+    class GuessNumber(Environment):  # the secret is 7: "higher"/"lower" until the model says it
+        def reset(self, seed=None, episode_id=None, **kwargs):
+            self._state = State(episode_id="e", step_count=0)
+            return GuessObservation(feedback="guess a number from 1 to 9")
+
+        def step(self, action, timeout_s=None, **kwargs):
+            self._state.step_count += 1
+            guess = int(action.guess.strip() or 0)
+            if guess == 7:
+                return GuessObservation(feedback="right", done=True, reward=1.0)
+            return GuessObservation(feedback="higher" if guess < 7 else "lower", reward=-0.1)
+
+        @property
+        def state(self):
+            return self._state
+
+    module = type(__import__("sys"))("openenv_guess")
+    module.Guess = from_openenv(GuessNumber, GuessAction)
+    __import__("sys").modules["openenv_guess"] = module
+    try:
+        script = lambda h: "7" if "higher" in h else "3"  # noqa: E731
+        cfg = type("C", (Config,), {"environment": "openenv_guess:Guess", "max_tokens": 200})
+        episodes, engine = run_episodes(char_tokenizer(), script, [Problem("Find the secret.", "7")], n=1, cfg=cfg)
+    finally:
+        del __import__("sys").modules["openenv_guess"]
+    assert episodes.stats.turns.tolist() == [2] and episodes.stats.cut == ["done"]
+    assert episodes.stats.env_rewards.tolist() == pytest.approx([0.9])
+    assert "guess a number from 1 to 9" in char_tokenizer().decode(engine.requests[0])
+    assert "higher" in char_tokenizer().decode(engine.requests[1])

@@ -65,3 +65,7 @@ def check(cfg) -> None:
 def response_budget(cfg) -> int:
     """The most tokens after a prompt: an episode's env.max_tokens, else rollout.max_new_tokens."""
     return cfg.env.max_tokens if cfg.env.multi_turn else cfg.rollout.max_new_tokens
+
+
+def response_budget_key(cfg) -> str:
+    return "env.max_tokens" if cfg.env.multi_turn else "rollout.max_new_tokens"

@@ -7,6 +7,7 @@ and reads their results; rlft trains on exactly the tokens it sampled (rlft.envs
     chat       the ids of prompts and observations, from the chat template, never re-rendering a model turn
     episodes   the runner: all live episodes of a step per engine call, token in, token out
     builtin    calculator, python, code_repair
+    openenv    an OpenEnv (openenv-core) environment as an rlft one
 """
 
 from __future__ import annotations
@@ -37,12 +38,16 @@ class EpisodeSetup:
     def __init__(self, cfg, tokenizer):
         self.cfg = cfg
         self.env_class = environment_class(cfg.environment)
+        check_environment(self.env_class, cfg.environment)
         if getattr(cfg, "system_prompt", None) is not None and not hasattr(self.env_class, "system_prompt"):
             raise ConfigError(f"env.system_prompt: environment {cfg.environment} has no system prompt to set "
                               "(a ToolEnv has one)")
         declared = getattr(self.env_class, "tools", None) or []
         names = list(cfg.tools) + [t for t in _tool_names(declared) if t not in cfg.tools]
         self.tools = resolve_tools([n for n in names if isinstance(n, str)]) + _function_tools(declared)
+        named = [t.name for t in self.tools]
+        if len(set(named)) != len(named):
+            raise ConfigError(f"env.tools: a tool of that name is the environment's own already (tools: {named})")
         self.format = pick_format(str(cfg.tool_format), tokenizer)
         self.chat = EpisodeTokenizer(tokenizer, [t.schema for t in self.tools], self.format)
         self.chat.check()
@@ -59,6 +64,18 @@ class EpisodeSetup:
                              ToolRunner(self.tools, self.cfg.tool_timeout_s), self.tokenizer,
                              max_turns=self.cfg.max_turns, max_tokens=self.cfg.max_tokens,
                              max_turn_tokens=self.cfg.max_turn_tokens)
+
+
+def check_environment(env_class, name: str) -> None:
+    """At start-up: the class makes an instance with reset and step (an episode makes one each)."""
+    try:
+        probe = env_class()
+    except Exception as err:
+        raise ConfigError(f"env.environment={name}: making an instance failed: {type(err).__name__}: {err}") from None
+    missing = [method for method in ("reset", "step") if not callable(getattr(probe, method, None))]
+    if missing:
+        raise ConfigError(f"env.environment={name} is not an environment: it has no {' or '.join(missing)} method "
+                          "(README: multi-turn episodes)")
 
 
 def _configured(env_class, settings: dict):

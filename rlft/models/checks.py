@@ -56,10 +56,54 @@ def check_weight_files(model_path: str) -> None:
     folder = Path(model_path)
     if not folder.is_dir():
         return  # a hub id: transformers checks what it downloads
+    if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
+        raise ConfigError(f"model.path '{model_path}' has no weights (no .safetensors or pytorch_model.bin file)")
     for file in sorted(folder.glob("*.safetensors")):
         problem = safetensors_problem(file)
         if problem:
             raise ConfigError(f"{file}: {problem} (a truncated or damaged weights file; copy or download it again)")
+
+
+def check_weights_match(config, model_path: str) -> None:
+    """The weight files' tensors are the ones config.json builds, by name and shape, from the files' headers and
+    the model built on the meta device: a config.json of another size (vocab_size, hidden_size, layers) fails
+    here, not as a size mismatch in the middle of loading, or as layers silently left at random. Tensors the
+    files lack are only looked for when every name in the files is one of the model's (checkpoints saved under
+    other names, fused experts for one, are renamed by transformers as it loads)."""
+    import re
+
+    import torch
+    from transformers import AutoModelForCausalLM
+    files = sorted(Path(model_path).glob("*.safetensors")) if Path(model_path).is_dir() else []
+    stored = {name: (file, entry.get("shape")) for file in files for name, entry in _header(file).items()
+              if name != "__metadata__" and isinstance(entry, dict)}
+    if not stored:
+        return  # a hub id, or .bin weights
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    wanted = {name: list(tensor.shape) for name, tensor in model.state_dict().items()}
+    advice = "does config.json belong to these weights?"
+    for name, (file, shape) in stored.items():
+        if name in wanted and shape != wanted[name]:
+            raise ConfigError(f"{file}: {name} is {shape} but config.json makes it {wanted[name]} ({advice})")
+    if not set(stored) <= set(wanted):
+        return
+    shared: dict[int, list[str]] = {}  # tied weights (lm_head = embeddings) are stored once
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        shared.setdefault(id(parameter), []).append(name)
+    present = {name for names in shared.values() if set(names) & set(stored) for name in names}
+    ignored = [re.compile(p) for p in getattr(model, "_keys_to_ignore_on_load_missing", None) or []]
+    missing = [name for name in wanted if name not in stored and name not in present
+               and not any(p.search(name) for p in ignored)]
+    if missing:
+        raise ConfigError(f"model.path '{model_path}': its weight files lack {len(missing)} of the tensors config.json "
+                          f"makes ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}; {advice})")
+
+
+def _header(file: Path) -> dict:
+    with file.open("rb") as handle:
+        (header_len,) = struct.unpack("<Q", handle.read(8))
+        return json.loads(handle.read(header_len))
 
 
 def safetensors_problem(file: Path) -> str | None:
@@ -84,9 +128,9 @@ def safetensors_problem(file: Path) -> str | None:
     return None
 
 
-def check_context(shape: ModelShape, max_new_tokens: int) -> None:
+def check_context(shape: ModelShape, max_new_tokens: int, key: str = "rollout.max_new_tokens") -> None:
     if shape.context is not None and max_new_tokens >= shape.context:
-        raise ConfigError(f"rollout.max_new_tokens={max_new_tokens} leaves no room for a prompt: the model's context "
+        raise ConfigError(f"{key}={max_new_tokens} leaves no room for a prompt: the model's context "
                           f"is {shape.context} tokens (max_position_embeddings); use fewer")
 
 
