@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -35,10 +36,10 @@ def save_checkpoint(run_dir: Path, weights: dict[str, torch.Tensor], optimizer_s
     tmp = root / f".{name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    save_file({k: v.detach().contiguous() for k, v in weights.items()}, tmp / "model.safetensors")
+    _save_file({k: v.detach().contiguous() for k, v in weights.items()}, tmp / "model.safetensors")
     opt_tensors, opt_groups = _flatten_optimizer(optimizer_state)
-    save_file(opt_tensors | {"rng.rollout": state.rollout_rng, "rng.torch": state.torch_rng},
-              tmp / "trainer_state.safetensors")
+    _save_file(opt_tensors | {"rng.rollout": state.rollout_rng, "rng.torch": state.torch_rng},
+               tmp / "trainer_state.safetensors")
     meta = {"step": state.step, "sampler_position": state.sampler_position, "optimizer_param_groups": opt_groups}
     (tmp / "trainer_state.json").write_text(json.dumps(meta, indent=1))
     for file in tmp.iterdir():
@@ -53,6 +54,18 @@ def save_checkpoint(run_dir: Path, weights: dict[str, torch.Tensor], optimizer_s
     return final
 
 
+def _save_file(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """safetensors' save_file, a failed write (a full disk, a file size limit) raised as the OSError it is
+    (safetensors words it as its own error), so that the run names the file and the checkpoint to resume from."""
+    try:
+        save_file(tensors, path)
+    except Exception as err:
+        match = re.search(r"I/O error: (.*) \(os error (\d+)\)", str(err))
+        if match is None:
+            raise
+        raise OSError(int(match[2]), match[1], str(path)) from None
+
+
 FILES = ("model.safetensors", "trainer_state.safetensors", "trainer_state.json")
 
 
@@ -64,14 +77,18 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     folders = sorted((p for p in root.glob("step_*") if p.is_dir()), reverse=True) if root.is_dir() else []
     if not folders:  # stopped before its first checkpoint: it starts again
         return None
+    problems = []
     for folder in folders:
         problem = checkpoint_problem(folder)
         if problem is None:
+            for damaged, why in problems:  # warned of only when an older one resumes: else the error says it
+                print(f"rlft: warning: checkpoint {damaged} is not usable ({why}); trying an older one", file=sys.stderr)
             if folder != folders[0]:
                 print(f"rlft: warning: resuming from {folder.name}, the newest whole checkpoint", file=sys.stderr)
             return folder
-        print(f"rlft: warning: checkpoint {folder} is not usable ({problem}); trying an older one", file=sys.stderr)
-    raise ConfigError(f"resume='{run_dir}': none of its {len(folders)} checkpoints is whole ({root})")
+        problems.append((folder, problem))
+    raise ConfigError(f"resume='{run_dir}': none of its {len(folders)} checkpoints is whole (the newest, "
+                      f"{folders[0].name}: {problems[0][1]})")
 
 
 def checkpoint_problem(folder: Path) -> str | None:

@@ -11,7 +11,6 @@ import signal
 import sys
 from pathlib import Path
 
-from rlft.config.compose import config_dir  # noqa: F401  (where conf/ is: tests and scripts ask here)
 
 USAGE = """usage: rlft train [GROUP=OPTION ...] [KEY=VALUE ...] [RUN CONTROLS] [-m] [--cfg job] [--help [KEY]]
        rlft compare DIR [DIR ...] [-o PNG]
@@ -47,9 +46,18 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
+def config_dir() -> str:
+    """Where conf/ is (tests and scripts ask here). Imported when asked: importing rlft.cli loads no torch."""
+    from rlft.config.compose import config_dir as where
+    return where()
+
+
 def train_command(args: list[str]) -> int:
+    malformed = thread_variable_problem()  # before torch loads: its OpenMP runtime would complain first
+    if malformed:
+        return _fail(malformed)
     from rlft.config.describe import describe_config_error
-    from rlft.errors import Interrupted, UserError, WorkerDied
+    from rlft.errors import Interrupted, UserError, WorkerDied, first_line
 
     overrides = args
     signal.signal(signal.SIGTERM, _terminated)  # a scheduler's stop ends like Ctrl-C: one line, checkpoint named
@@ -82,6 +90,8 @@ def train_command(args: list[str]) -> int:
         message = describe_config_error(err, choices_for(overrides))
         if message is None and isinstance(err, OSError) and err.filename:  # full, read-only, gone
             message = f"{err.strerror or err}: {err.filename}"
+        if message is None and type(err).__name__ == "SafetensorError" and "(os error" in str(err):
+            message = f"writing weights: {first_line(err).rpartition('I/O error: ')[2]}"  # the disk's, from Rust
         if message is None:
             raise
         return _fail(message)
@@ -137,6 +147,15 @@ def run_hydra(overrides: list[str], controls) -> int:
     except _UserFailure as failure:
         return _fail(str(failure))
     return 0  # Hydra's own config errors reach train_command, which words them
+
+
+def thread_variable_problem() -> str | None:
+    """A malformed OMP_NUM_THREADS, in rlft.preflight.torch_threads's words, found before anything loads torch
+    (libgomp prints its own lines about it as it loads)."""
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if value and not (value.isdigit() and int(value) >= 1):
+        return f"the OMP_NUM_THREADS environment variable must be a whole number >= 1 (got '{value}')"
+    return None
 
 
 def split_controls(args: list[str]):
@@ -196,8 +215,10 @@ def check_arguments(overrides: list[str]) -> None:
         key, _, value = item.lstrip("+").partition("=")
         if key in GROUPS and "=" in item:
             names = value.split(",") if multirun(overrides) else [value]
-            if not all(re.fullmatch(r"[\w.-]+", name) and name.lower() not in ("null", "none") for name in names):
-                raise ConfigError(f"{key}= takes the name of one of its options ({', '.join(group_options(key))}); "
+            options = group_options(key)  # an option may be called "none" (env=none): null is refused otherwise
+            if not all(re.fullmatch(r"[\w.-]+", name) and (name in options or name.lower() not in ("null", "none"))
+                       for name in names):
+                raise ConfigError(f"{key}= takes the name of one of its options ({', '.join(options)}); "
                                   f"got '{value}'")
 
 
@@ -353,10 +374,13 @@ def label_sweep_run(cfg, hydra_cfg, swept: set[str]) -> None:
 
 
 def quiet_transformers() -> None:
-    """No per-file loading bars or advice from transformers; rlft prints what a run needs."""
+    """No per-file loading bars or advice from transformers, datasets or the hub client (a folder's README
+    without a dataset card is no problem of the run); rlft prints what a run needs."""
+    from huggingface_hub.utils import logging as hub_logging
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
+    hub_logging.set_verbosity_error()
 
 
 def _fail(message: str, code: int = 2) -> int:

@@ -67,7 +67,7 @@ def import_function(path: str, key: str) -> Callable:
         raise ConfigError(f"{key} '{path}': cannot import module '{module_name}' ({err})") from None
     except SyntaxError as err:  # the user's file and line, as Python would point at them
         raise ConfigError(f"{key} '{path}': {err.filename}:{err.lineno}: {type(err).__name__}: {err.msg}") from None
-    except Exception as err:  # the module raised while it was imported
+    except (Exception, SystemExit) as err:  # the module raised (or called sys.exit) while it was imported
         where = _innermost_frame(err)
         raise ConfigError(f"{key} '{path}': importing '{module_name}' raised {type(err).__name__}: {err}"
                           f"{f' ({where})' if where else ''}") from None

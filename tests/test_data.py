@@ -1,3 +1,4 @@
+import json
 import random
 
 import pytest
@@ -324,3 +325,79 @@ def test_prompts_are_limited_to_what_fits_in_the_models_context_with_a_response(
     with pytest.raises(ConfigError, match=r"the model's context \(64 positions - rollout.max_new_tokens=8 = 56 prompt "
                                           r"tokens\): every one of the 1 held-out prompts is longer"):
         drop_long_prompts(problems[1:], list, context_limit(*limits), "held-out", describe_limit(*limits))
+
+
+# ---- bad inputs found by scripts/bad_inputs.py (docs/bad_inputs.md) ----------------------------------------
+
+@pytest.mark.parametrize("name, content, message", [
+    ("n.csv", b"prompt,answer\n1+1=,2\n2+2=\x00,4\n", r"n\.csv:3: a NUL byte at column 5 \(a binary or damaged file\?\)"),
+    ("n.jsonl", b'{"prompt": "1+1=", "answer": "2"}\n\x00\n', r"n\.jsonl:2: a NUL byte at column 1"),
+])
+def test_a_nul_byte_is_refused_with_its_line(tmp_path, name, content, message):
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(ConfigError, match=message):
+        _load(tmp_path / name)
+
+
+def test_a_json_file_holding_one_pretty_printed_object_is_refused_by_name(tmp_path):
+    rows = [{"prompt": "1+1=", "answer": "2"}, {"prompt": "2+2=", "answer": "4"}]
+    (tmp_path / "o.json").write_text(json.dumps({"version": 1, "data": rows}, indent=2))
+    with pytest.raises(ConfigError, match=r"o\.json: one JSON object \(keys: version, data\), not an array of row "
+                                          r"objects or JSON Lines; are the rows its 'data' list\?"):
+        _load(tmp_path / "o.json")
+    (tmp_path / "p.json").write_text(json.dumps(rows[0], indent=2))
+    with pytest.raises(ConfigError, match=r"p\.json: one JSON object \(keys: prompt, answer\), not an array"):
+        _load(tmp_path / "p.json")
+    one = {"prompt": "1+1=", "answer": "2", "steps": [{"op": "+"}]}
+    (tmp_path / "one.json").write_text(json.dumps(one) + "\n")  # on one line: JSON Lines of one row
+    assert [(r.prompt, r.fields) for r in _load(tmp_path / "one.json")] == [("1+1=", {"steps": [{"op": "+"}]})]
+
+
+def test_a_split_named_for_a_file_is_refused(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(f'{{"prompt": "{i}+1=", "answer": "{i + 1}"}}\n' for i in range(30)))
+    with pytest.raises(ConfigError, match=r"data.eval_split=test: '.*d\.jsonl' is one file, with no splits "
+                                          r"\(held-out rows from another file: data.eval_path=FILE"):
+        load_task(schemas.DatasetData(path=str(data), eval_split="test"))
+    with pytest.raises(ConfigError, match=r"data.split=validation: '.*d\.jsonl' is one file, with no splits"):
+        load_task(schemas.DatasetData(path=str(data), split="validation"))
+    with pytest.raises(ConfigError, match=r"data.eval_split=test: '.*e\.csv' is one file"):
+        load_task(schemas.DatasetData(path=str(tmp_path), eval_path=str(tmp_path / "e.csv"), eval_split="test"))
+
+
+def test_the_prompt_and_answer_keys_differ():
+    from rlft.config.compose import compose, to_run_config
+    from rlft.config import validate
+    with pytest.raises(ConfigError, match="data.prompt_key and data.answer_key are both 'q': the answer would be"):
+        validate(to_run_config(*compose(["data=dataset", "data.path=d.jsonl", "data.prompt_key=q",
+                                         "data.answer_key=q"])))
+    validate(to_run_config(*compose(["data=dataset", "data.path=d.jsonl", "data.answer_key=prompt",
+                                     "data.map_fn=m:f"])))  # a map_fn names its own keys
+
+
+def test_a_mapping_function_that_calls_sys_exit_is_named(tmp_path, monkeypatch):
+    (tmp_path / "exit_map.py").write_text("import sys\ndef row(r):\n    sys.exit('bad row')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "d.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    with pytest.raises(ConfigError, match=r"d\.jsonl:1: data.map_fn 'exit_map:row' raised SystemExit: bad row"):
+        _load(tmp_path / "d.jsonl", "exit_map:row")
+
+
+def test_a_prompt_too_long_for_any_tokenization_is_dropped_without_encoding_it():
+    from rlft.data.prompts import PromptEncoder, drop_long_prompts
+    from rlft.models.loading import load_tokenizer, resolve_model_path
+    from rlft.types import Problem
+    encoded = []
+
+    class Counting(PromptEncoder):
+        def __call__(self, prompt):
+            encoded.append(len(prompt))
+            return super().__call__(prompt)
+
+    encode = Counting(load_tokenizer(resolve_model_path("builtin:tiny-adder")))
+    huge = Problem("1+" * 5_000_000 + "1=", "1")  # a 10 MB line: a minute in this tokenizer
+    kept, dropped = drop_long_prompts([Problem("1+1=", "2"), huge], encode, 56, "training")
+    assert [p.prompt for p in kept] == ["1+1="] and dropped == 1
+    assert encoded == [4]  # the huge one was never encoded
+    # not encoded only when no tokenization could fit it: 4 x the longest token x (limit + 1) characters
+    assert len(huge.prompt) > 4 * encode.longest_token * 57

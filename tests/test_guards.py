@@ -20,10 +20,12 @@ from rlft.checkpoint import latest_checkpoint, save_checkpoint
 from rlft.config import validate
 from rlft.config.checks import every_number_finite
 from rlft.config.compose import compose, to_run_config
+from rlft.distributed.placement import join_ray
 from rlft.errors import ConfigError, NonFiniteWeights, UserError
 from rlft.learner.policy import Policy
-from rlft.models.checks import check_context, check_lora_targets, check_weight_files, read_model_config, shape_of
-from rlft.models.loading import load_causal_lm, resolve_model_path
+from rlft.models.checks import (check_context, check_lora_targets, check_weight_files, check_weights_match,
+                                read_model_config, shape_of)
+from rlft.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
 from rlft.preflight import check_memory
 from rlft.registry import import_function
 from rlft.run_dir import RunLock, check_unused
@@ -288,3 +290,229 @@ def test_sigterm_during_start_up_is_one_line(tmp_path):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and err == "rlft: error: interrupted during start-up\n", err
     assert not (tmp_path / "run").exists()  # nothing was written
+
+
+def _processes() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, command line) of the live processes (zombies are not)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:  # gone meanwhile
+            continue
+        state, parent = stat.rpartition(")")[2].split()[:2]
+        if state != "Z":
+            found[int(entry.name)] = (int(parent), command)
+    return found
+
+
+def _descendants(pid: int) -> dict[int, str]:
+    table, tree, frontier = _processes(), {}, [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, (ppid, command) in table.items():
+            if ppid == parent and child not in tree:
+                tree[child] = command
+                frontier.append(child)
+    return tree
+
+
+@pytest.mark.slow
+def test_sigterm_while_ray_actors_start_is_one_line_and_leaves_no_ray_process(tmp_path):
+    """hardware=cpu_ray starts a local Ray instance; SIGTERM while its actors start (a learner actor's process
+    is up, loading the model) ends rlft in one line, status 130, and takes Ray's processes with it."""
+    run = tmp_path / "run"
+    proc = rlft_proc("train", f"hydra.run.dir={run}", *TINY_RUN, "trainer.steps=2", "hardware=cpu_ray",
+                     env={"OMP_NUM_THREADS": "1"})
+    wait_for(lambda: proc.poll() is not None or any(command.startswith("ray::LearnerActor")
+                                                    for command in _descendants(proc.pid).values()), timeout_s=300)
+    assert proc.poll() is None, proc.communicate()
+    session = Path(os.readlink(run / "ray_logs")).parent.name  # session_..., in Ray's own processes' arguments
+    ray_processes = _descendants(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    out, err = proc.communicate(timeout=120)
+    assert time.monotonic() - sent < 60
+    # Ray's notice when it starts a local instance comes before; nothing else may
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("Token authentication is")]
+    assert proc.returncode == 130 and lines == ["rlft: error: interrupted during start-up"], err
+    left = lambda: {pid: command for pid, (_, command) in _processes().items()  # noqa: E731
+                    if pid in ray_processes or session in command}
+    wait_for(lambda: not left(), timeout_s=30)  # the workers notice their raylet is gone within seconds
+
+
+# ---- bad inputs found by scripts/bad_inputs.py (docs/bad_inputs.md) ----------------------------------------
+
+def _model_copy(tmp_path, drop=(), **config_changes) -> str:
+    shutil.copytree(TINY, tmp_path / "m", ignore=shutil.ignore_patterns(*drop))
+    meta = json.loads((tmp_path / "m" / "config.json").read_text())
+    (tmp_path / "m" / "config.json").write_text(json.dumps(meta | config_changes))
+    return str(tmp_path / "m")
+
+
+def test_a_model_folder_without_weights_is_named_before_loading(tmp_path):
+    with pytest.raises(ConfigError, match=r"model.path '.*m' has no weights \(no .safetensors or pytorch_model.bin"):
+        check_weight_files(_model_copy(tmp_path, drop=("*.safetensors",)))
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"vocab_size": 30}, r"model.safetensors: model.embed_tokens.weight is \[22, 128\] but config.json makes it "
+                         r"\[30, 128\] \(does config.json belong to these weights\?\)"),
+    ({"num_hidden_layers": 6, "layer_types": None}, r"its weight files lack 24 of the tensors config.json makes "
+                                                    r"\(model.layers.4.self_attn.q_proj.weight, "),
+])
+def test_a_config_json_unlike_its_weights_is_named_before_loading(tmp_path, changes, message):
+    path = _model_copy(tmp_path, **changes)
+    with pytest.raises(ConfigError, match=message):
+        check_weights_match(read_model_config(path), path)
+
+
+def test_built_in_models_match_their_weights_tied_embeddings_and_fused_experts_included():
+    for name in ("builtin:tiny-adder", "builtin:tiny-moe"):  # lm_head tied; MoE experts renamed on loading
+        path = resolve_model_path(name)
+        check_weights_match(read_model_config(path), path)
+
+
+def test_a_model_folder_without_tokenizer_files_is_one_line(tmp_path):
+    with pytest.raises(ConfigError, match=r"model.path '.*m': no tokenizer there \(its vocabulary is empty"):
+        load_tokenizer(_model_copy(tmp_path, drop=("tokenizer*",)))
+
+
+def test_a_user_module_that_calls_sys_exit_on_import_is_named(tmp_path, monkeypatch):
+    (tmp_path / "exits_on_import.py").write_text("import sys\nsys.exit(3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match=r"importing 'exits_on_import' raised SystemExit: 3 \(.*exits_on_import.py:2\)"):
+        import_function("exits_on_import:f", "reward")
+
+
+@pytest.mark.parametrize("source, message", [
+    ("async def f(completion):\n    return 1.0\n", r"reward 'user_fn:f' is an async function"),
+    ("def f(completion):\n    yield 1.0\n", r"reward 'user_fn:f' is a generator function"),
+    ("def f(text, reference):\n    return 1.0\n", r"reward 'user_fn:f' requires text, reference, which rlft does not "
+                                                  r"pass \(it passes by name: answer, completion, level, "),
+    ("def f(completion, /):\n    return 1.0\n", r"reward 'user_fn:f' requires completion, which rlft does not pass"),
+])
+def test_reward_functions_that_cannot_be_called_as_rlft_calls_them_fail_at_start(tmp_path, monkeypatch, source,
+                                                                                  message):
+    from rlft.preflight import check_reward_functions
+    from rlft.rewards.scorer import RewardScorer
+    from rlft.types import Problem
+    (tmp_path / "user_fn.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "user_fn", raising=False)  # each case imports its own
+    scorer = RewardScorer(config("reward.fns=[user_fn:f]").reward, max_response_tokens=8)
+    try:
+        with pytest.raises(ConfigError, match=message):
+            check_reward_functions(scorer, Problem("1+1=", "2", {"level": 1}))
+    finally:
+        scorer.close()
+
+
+def test_reward_functions_taking_what_rlft_passes_pass(tmp_path, monkeypatch):
+    from rlft.preflight import check_reward_functions
+    from rlft.rewards.scorer import RewardScorer
+    from rlft.types import Problem
+    (tmp_path / "fine_fn.py").write_text("def f(completion, level, *args, bonus=0.0, **rest):\n    return 1.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    scorer = RewardScorer(config("reward.fns=[fine_fn:f,exact_match]").reward, max_response_tokens=8)
+    try:
+        check_reward_functions(scorer, Problem("1+1=", "2", {"level": 1}))  # a row field by name is passed
+    finally:
+        scorer.close()
+
+
+def test_when_no_checkpoint_is_whole_the_error_alone_says_why(tmp_path, capsys):
+    _checkpoints(tmp_path, [2, 4])
+    for step in ("step_000002", "step_000004"):
+        (tmp_path / "checkpoints" / step / "trainer_state.json").write_text('{"step": ')
+    with pytest.raises(ConfigError, match=r"none of its 2 checkpoints is whole \(the newest, step_000004: "
+                                          r"trainer_state.json: Expecting value"):
+        latest_checkpoint(tmp_path)
+    assert capsys.readouterr().err == ""  # no warnings before the one error line
+
+
+def test_a_checkpoint_write_that_fails_for_the_disk_is_an_os_error_naming_the_file(tmp_path):
+    """safetensors words a full disk as its own error; the trainer catches OSError (naming the step and the
+    checkpoint to resume from). A file size limit (RLIMIT_FSIZE, `ulimit -f`) stands in for a full disk."""
+    script = ("import resource, torch\n"
+              "from pathlib import Path\n"
+              "from rlft.checkpoint import save_checkpoint\n"
+              "from rlft.types import TrainerState\n"
+              "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
+              "state = TrainerState(step=1, sampler_position=0, rollout_rng=torch.zeros(4, dtype=torch.uint8),\n"
+              "                     torch_rng=torch.get_rng_state())\n"
+              "try:\n"
+              f"    save_checkpoint(Path({str(tmp_path)!r}), {{'w': torch.zeros(65536)}}, "
+              "{'state': {}, 'param_groups': []}, state, keep=2)\n"
+              "except OSError as err:\n"
+              "    print(err.errno, err.strerror, err.filename)\n")
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out == f"27 File too large {tmp_path}/checkpoints/.step_000001.tmp/model.safetensors\n"
+
+
+def test_a_weights_write_that_fails_for_the_disk_is_one_line(monkeypatch, capsys):
+    from safetensors import SafetensorError
+
+    import rlft.cli
+
+    def full_disk(*args):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(rlft.cli, "run_one", full_disk)
+    monkeypatch.setattr(signal, "signal", lambda *args: None)  # train_command's SIGTERM handler: not in pytest
+    assert rlft.cli.main(["train"]) == 2
+    assert capsys.readouterr().err == "rlft: error: writing weights: No space left on device (os error 28)\n"
+
+
+def test_every_option_of_every_group_is_taken_by_name_and_null_is_not():
+    from rlft.cli import check_arguments
+    from rlft.config import GROUPS
+    from rlft.config.describe import group_options
+    for group in GROUPS:
+        for option in group_options(group):  # an option may be called none (env=none)
+            check_arguments([f"{group}={option}"])
+        if "null" not in group_options(group):
+            with pytest.raises(ConfigError, match=f"{group}= takes the name of one of its options"):
+                check_arguments([f"{group}=null"])
+
+
+def test_a_malformed_omp_num_threads_is_one_line_before_torch_loads():
+    proc = subprocess.run([sys.executable, "-m", "rlft.cli", "train"], cwd=ROOT, capture_output=True, text=True,
+                          env=os.environ | {"OMP_NUM_THREADS": "two"}, timeout=120)
+    assert proc.returncode == 2  # not libgomp's "Invalid value for environment variable OMP_NUM_THREADS" first
+    assert proc.stderr == "rlft: error: the OMP_NUM_THREADS environment variable must be a whole number >= 1 (got 'two')\n"
+
+
+def test_a_dataset_folder_with_a_readme_and_no_data_is_one_line(tmp_path):
+    (tmp_path / "rows").mkdir()
+    (tmp_path / "rows" / "README.md").write_text("my rows\n")  # no dataset card: the hub client said so on stderr
+    proc = rlft_proc("train", f"hydra.run.dir={tmp_path / 'run'}", "data=dataset", f"data.path={tmp_path / 'rows'}")
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 2 and err.count("\n") == 1, err
+    assert err.startswith("rlft: error: data.path '") and "doesn't contain any data files" in err
+
+
+def test_joining_an_address_where_something_else_answers_is_one_line_at_once():
+    """Ray's client retries a port where something else answers for minutes (the dashboard's 8265 is a
+    usual slip); an answer that is not HTTP/2 (gRPC, what Ray's GCS speaks) is refused at once, in one line."""
+    import socketserver
+    import threading
+
+    class NotRay(socketserver.BaseRequestHandler):
+        def handle(self):
+            self.request.sendall(b"HTTP/1.1 404 Not Found\r\n\r\n")
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), NotRay)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    address = f"127.0.0.1:{server.server_address[1]}"
+    started = time.monotonic()
+    try:
+        with pytest.raises(ConfigError, match=rf"hardware.ray_address={address}: not a Ray cluster \(it answered "
+                                              r"'HTTP/1.1 404 Not Found'; Ray's GCS speaks gRPC, on port 6379"):
+            join_ray(address, timeout_s=5)
+    finally:
+        server.shutdown()
+    assert time.monotonic() - started < 10

@@ -2,8 +2,11 @@
 got through the old sandbox (rlimits, exit status 0 counted as a pass). Tests run under bubblewrap where
 it works here and under the rlimits fallback, forced."""
 
+import concurrent.futures
+import hashlib
 import logging
 import os
+import platform
 import resource
 import shutil
 import signal
@@ -11,6 +14,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+import textwrap
+import threading
 import time
 import uuid
 
@@ -48,6 +53,11 @@ def humaneval():
     return {p.fields["task_id"]: p for p in problems}
 
 
+def body(code):
+    """A function body from code written flush left."""
+    return textwrap.indent(textwrap.dedent(code).lstrip("\n"), "    ")
+
+
 def score(problem, completion, timeout_s=5.0):
     return code_tests(problem.prompt, completion, problem.fields["test"], problem.fields["entry_point"],
                       sandbox_timeout_s=timeout_s, sandbox_memory_mb=512)
@@ -64,6 +74,15 @@ def test_correct_solutions_pass_and_wrong_ones_fail(kind, humaneval):
     # the model writes on past the function: cut at the next top-level definition
     problem = humaneval["HumanEval/53"]
     assert score(problem, problem.answer + "\ndef unrelated():\n    raise SystemExit(1)\n") == 1.0
+
+
+@pytest.mark.slow
+def test_every_humaneval_solution_passes(kind, humaneval):
+    # the solution answers the tests from a process of its own, with values copied across: none of the 164
+    # passes it something else or looks at what it did to its arguments
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        scores = dict(zip(humaneval, pool.map(lambda p: score(p, p.answer, timeout_s=20.0), humaneval.values())))
+    assert [task for task, value in scores.items() if value != 1.0] == []
 
 
 # ---- code_tests: cheats that scored 1.0 on exit status 0 ---------------------------------------------------
@@ -89,11 +108,51 @@ CHEATS = {  # completions of HumanEval/53, add(x, y), unless named
         "        for attempt in (1, 2):\n            pid = os.fork()\n            if pid == 0:\n"
         "                guess = attempt\n                break\n            os.waitpid(pid, 0)\n"
         "        else:\n            os._exit(0)\n    return x + y if guess == 2 else x - y\n",
+    # the rest scored 1.0 while the solution shared the harness's interpreter (the harness's frames held the token)
+    "the token from the harness's frame": body("""
+        import os, sys
+        frame = sys._getframe()
+        while frame is not None and 'token' not in frame.f_locals:
+            frame = frame.f_back
+        os.write(1, b'\\n' + frame.f_locals['token'] + b'\\n')
+        os._exit(0)
+        """),
+    "the token from a signal handler's frame": body("""
+        import os, signal, time
+        def steal(number, frame):
+            while frame is not None and 'token' not in frame.f_locals:
+                frame = frame.f_back
+            if frame is not None:
+                os.write(1, b'\\n' + frame.f_locals['token'] + b'\\n')
+                os._exit(0)
+        signal.signal(signal.SIGALRM, steal)
+        signal.setitimer(signal.ITIMER_REAL, 0.01)
+        time.sleep(0.5)
+        return 0
+        """),
+    "a thread takes the token from sys._current_frames": body("""
+        import os, sys, threading, time
+        def spy():
+            for frame in sys._current_frames().values():
+                while frame is not None:
+                    if 'token' in frame.f_locals:
+                        os.write(1, b'\\n' + frame.f_locals['token'] + b'\\n')
+                        os._exit(0)
+                    frame = frame.f_back
+        threading.Thread(target=spy).start()
+        time.sleep(0.5)
+        return 0
+        """),
 }
 PATCHES = {  # (task, completion): rebinding what the tests use
     "builtins.tuple patched (HumanEval/33)":
         ("HumanEval/33", "    return l\nimport builtins\nbuiltins.tuple = lambda *args: ()\n"),
     "the prompt's helper redefined (HumanEval/32)": ("HumanEval/32", "    return 0\npoly = lambda xs, x: 0\n"),
+    # these two scored 1.0: the tests import math from the solution's interpreter
+    "math.fabs patched (HumanEval/32)": ("HumanEval/32", "    return 0\nimport math\nmath.fabs = lambda value: 0\n"),
+    "sys.modules['math'] replaced (HumanEval/32)":
+        ("HumanEval/32", "    return 0\nimport math, sys, types\nfake = types.ModuleType('math')\n"
+                         "vars(fake).update(vars(math), fabs=lambda value: 0)\nsys.modules['math'] = fake\n"),
 }
 
 
@@ -108,9 +167,124 @@ def test_patching_what_the_tests_use_scores_zero(kind, humaneval, patch):
     assert score(humaneval[task], completion) == 0.0
 
 
-def test_a_tracer_left_running_scores_zero(humaneval):
+def test_a_tracer_cannot_skip_the_tests(humaneval):
     problem = humaneval["HumanEval/53"]
-    assert score(problem, "    import sys\n    sys.settrace(lambda *a: None)\n    return x + y\n") == 0.0
+    skip = body("""
+        import sys
+        def skip(frame, event, arg):
+            if frame.f_code.co_name == 'check' and event == 'line':
+                frame.f_lineno = frame.f_code.co_firstlineno + 14
+            return skip
+        sys.settrace(skip)
+        frame = sys._getframe()
+        while frame.f_back is not None:
+            frame = frame.f_back
+            frame.f_trace = skip
+        return 0
+        """)
+    assert score(problem, skip) == 0.0
+    # the tests run in another process: a tracer the solution leaves running is no reason to fail it
+    assert score(problem, "    import sys\n    sys.settrace(lambda *a: None)\n    return x + y\n") == 1.0
+
+
+# ---- run_tests: the solution in a process of its own ------------------------------------------------------
+
+def verdict(solution, test):
+    return sandbox.run_tests("def f(x):\n", solution, textwrap.dedent(test), "f", timeout_s=5.0)
+
+
+def test_the_tests_and_the_token_are_out_of_the_solutions_reach(kind):
+    # the harness's memory, fds and environment; the program file and the solution's own memory (the tests,
+    # their expected answers included, were in both)
+    seen = body("""
+        import os
+        seen = []
+        for part in ('mem', 'fd/0', 'environ'):
+            try:
+                open('/proc/%d/%s' % (os.getppid(), part), 'rb').read(1)
+                seen.append(part)
+            except OSError:
+                pass
+        marker, control = ''.join(['SECR', 'ETMARK']).encode(), ''.join(['CONT', 'ROLMRK']).encode()
+        if marker in open(__import__('__main__').__file__, 'rb').read():
+            seen.append('file')
+        memory, found, controls = os.open('/proc/self/mem', os.O_RDONLY), 0, 0
+        for line in open('/proc/self/maps'):
+            start, end = [int(a, 16) for a in line.split()[0].split('-')]
+            if 'r' in line.split()[1] and end - start < 1 << 28:
+                try:
+                    data = os.pread(memory, end - start, start)
+                except OSError:
+                    continue
+                found, controls = found + data.count(marker), controls + data.count(control)
+        if found > controls:  # (the marker this code builds is in memory too, as is the control)
+            seen.append('memory')
+        return seen
+        """)
+    result = verdict(seen, """
+        def check(candidate):
+            # SECRETMARK
+            seen = candidate(1)
+            print('seen', seen)
+            assert seen == []
+        """)
+    assert result.passed and "seen []" in result.output, result.output
+
+
+def test_ending_or_interrupting_the_solution_fails_even_where_the_tests_catch_everything(kind):
+    catch_all = "def check(candidate):\n    try:\n        candidate(1)\n    except BaseException:\n        pass\n"
+    for solution in ("    import os\n    os._exit(0)\n", "    raise KeyboardInterrupt\n", "    raise SystemExit(0)\n"):
+        result = verdict(solution, catch_all)
+        assert not result.passed and "harness:" in result.output, (solution, result.output)
+    # a SIGINT sent to the harness does not raise in the tests (where their `except` would run)
+    interrupt = body("""
+        import os, signal, time
+        os.kill(os.getppid(), signal.SIGINT)
+        time.sleep(0.3)
+        return 2
+        """)
+    result = verdict(interrupt, """
+        def check(candidate):
+            try:
+                value = candidate(1)
+            except BaseException:
+                value = 0
+            assert value == 2
+        """)
+    assert result.passed, result.output
+
+
+def test_values_cross_exactly_and_exceptions_keep_their_builtin_class(kind):
+    value = ("[x, -0.0, float('inf'), 10**5000, -2**70, 1+2j, b'\\x00\\xff', 'h\\u00e9\\ud800', (1, (2,)), "
+             "{(1, 2): {'a': None}}, {1, 2}, frozenset({3}), True, 1.1]")
+    solution = body(f"""
+        class Negative(ValueError):
+            pass
+        if x < 0:
+            raise Negative('negative')
+        return {value}
+        """)
+    result = verdict(solution, f"""
+        def check(candidate):
+            import math
+            value = candidate(5)
+            assert value == {value.replace('x', '5', 1)}
+            assert type(value[8]) is tuple and type(value[12]) is bool and math.copysign(1, value[1]) == -1
+            try:
+                candidate(x=-1)
+            except ValueError as error:
+                assert str(error) == 'negative'
+            else:
+                assert False
+        """)
+    assert result.passed, result.output
+
+
+def test_only_builtin_values_cross_and_the_failure_says_so(kind):
+    result = verdict("    return x\n", "def check(candidate):\n    assert candidate(lambda: 1) is not None\n")
+    assert not result.passed and "only builtin values" in result.output, result.output
+    result = verdict("    return iter([x])\n", "def check(candidate):\n    assert candidate(1)\n")
+    assert not result.passed and "only builtin values" in result.output, result.output
 
 
 # ---- run_python: escapes -----------------------------------------------------------------------------
@@ -249,6 +423,113 @@ def test_the_sandbox_has_no_secrets_and_its_own_directory(kind, monkeypatch):
     result = run_python("import os\nprint(sorted(os.environ), os.getcwd() == os.environ['HOME'])\n"
                         "assert 'WANDB_API_KEY' not in os.environ\n")
     assert result.passed and "True" in result.output and "secret" not in result.output
+
+
+def test_other_processes_memory_and_fds_are_refused(kind):
+    # process_vm_readv and pidfd_getfd (the harness's memory and fds; were allowed), asked of the parent
+    numbers = {"x86_64": (310, 438), "aarch64": (270, 438)}.get(platform.machine())
+    if numbers is None or not sandbox._plan_for(kind).seccomp:
+        pytest.skip("no seccomp filter on this machine")
+    program = (f"import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nfor number in {numbers}:\n"
+               "    print(number, libc.syscall(number, os.getppid(), 0, 0, 0, 0, 0), ctypes.get_errno())\n")
+    result = run_python(program)
+    assert result.passed and result.output.split() == [str(numbers[0]), "-1", "1", "438", "-1", "1"], result.output
+
+
+def test_a_program_that_is_not_valid_unicode_is_its_own_failure(kind):
+    result = run_python("print('\\ud800 is fine, a lone surrogate is not: \ud800')\n")  # raised UnicodeEncodeError
+    assert result.status == "failed" and "SyntaxError" in result.output, result.output
+
+
+@pytest.mark.parametrize("bad", [{"timeout_s": float("nan")}, {"timeout_s": float("inf")}, {"timeout_s": 0},
+                                 {"memory_mb": 0}, {"max_processes": 1.5}])
+def test_bad_limits_are_refused_naming_them(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        run_python("pass", **bad)
+
+
+def test_stdin_beyond_a_pipes_capacity_is_fed_as_the_program_reads(kind):
+    data = os.urandom(1 << 20).hex().encode()  # 2 MiB: more than a pipe holds (was refused above 4 KiB)
+    result = run_python("import hashlib, sys\nprint(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())\n", stdin=data)
+    assert result.passed and hashlib.sha256(data).hexdigest() in result.output, result.output
+    result = run_python("print('done')\n", stdin=data)  # one that never reads it ends as usual
+    assert result.passed and "done" in result.output, result.output
+
+
+def test_the_fallbacks_program_dies_with_the_trainer():
+    # bwrap has --die-with-parent; the fallback's program ran on (sleeping: no CPU limit) when the trainer died
+    shared = tempfile.mkdtemp(prefix="rlft-test-")
+    os.chmod(shared, 0o777)  # the fallback's user writes its pid and directory here
+    report = os.path.join(shared, "program")
+    program = (f"import os, time\nopen({report!r}, 'w').write(f'{{os.getpid()}} {{os.getcwd()}}')\n"
+               "while True:\n    time.sleep(0.1)\n")
+    trainer = subprocess.Popen([sys.executable, "-c", "import sys\nfrom rlft.rewards.sandbox import run_python\n"
+                                "run_python(sys.argv[1], timeout_s=60, kind='rlimits')\n", program],
+                               cwd=os.path.dirname(os.path.dirname(rlft.__file__)))
+    try:
+        deadline = time.monotonic() + 20
+        while not (os.path.exists(report) and open(report).read()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pid, workdir = open(report).read().split(" ", 1)
+        trainer.kill()
+        trainer.wait()
+        deadline = time.monotonic() + 2
+        while _is_sandbox_program(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _is_sandbox_program(pid)
+    finally:
+        trainer.kill()
+        trainer.wait()
+        if os.path.exists(report):
+            pid, workdir = open(report).read().split(" ", 1)
+            if _is_sandbox_program(pid):  # the test failed: end it here
+                os.kill(int(pid), signal.SIGKILL)
+            shutil.rmtree(workdir, ignore_errors=True)  # its trainer could not
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+@needs_root
+def test_each_process_takes_user_ids_from_a_block_of_its_own(monkeypatch):
+    # reward workers are processes: random ids drawn in each could meet (one call then killed the other's)
+    plan = sandbox._plan_for("rlimits")
+    if not plan.own_uids:
+        pytest.skip("this system refuses user ids of the sandbox's own")
+    blocks = {}
+    for pid in (1000, 1001, 4194303):  # 4194303: the kernel's highest pid
+        monkeypatch.setattr(os, "getpid", lambda: pid)
+        blocks[pid] = [sandbox._take_uid(plan) for _ in range(sandbox.UID_SLOTS)]
+        monkeypatch.undo()
+        for uid in blocks[pid]:
+            sandbox._release_uid(uid)
+    every = [uid for uids in blocks.values() for uid in uids]
+    assert len(set(every)) == len(every) and all(sandbox.UID_BASE <= uid < 2 ** 31 - 1 for uid in every)
+    assert all(set(uids) == set(range(min(uids), min(uids) + sandbox.UID_SLOTS)) for uids in blocks.values())
+    # a call beyond the block waits for one to be released
+    taken = [sandbox._take_uid(plan) for _ in range(sandbox.UID_SLOTS)]
+    late = []
+    waiter = threading.Thread(target=lambda: late.append(sandbox._take_uid(plan)))
+    waiter.start()
+    time.sleep(0.2)
+    assert not late
+    sandbox._release_uid(taken[3])
+    waiter.join(5)
+    assert late == [taken[3]]
+    for uid in taken[:3] + taken[4:] + late:
+        sandbox._release_uid(uid)
+
+
+def test_calls_at_once_from_threads_neither_share_nor_mix_up(kind, humaneval):
+    program = ("import os, time\nopen(os.path.join(os.environ['TMPDIR'], 'mine'), 'x').write('x')\ntime.sleep(0.3)\n"
+               "print(os.getuid(), os.getcwd(), os.listdir(os.environ['TMPDIR']))\n")
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _: run_python(program), range(8)))
+    assert all(r.passed for r in results), [r.output for r in results]
+    if ROOT and sandbox._plan_for(kind).own_uids:
+        assert len({r.output.split()[0] for r in results}) == 8
+    problem = humaneval["HumanEval/53"]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        scores = list(pool.map(lambda i: score(problem, problem.answer if i % 2 else "    return x - y\n"), range(8)))
+    assert scores == [0.0, 1.0] * 4
 
 
 # ---- which sandbox, and the fallback ---------------------------------------------------------------------

@@ -12,9 +12,10 @@ as "" gives an empty completion full marks under exact_match):
   float as an int (42.0 -> "42", as pandas writes an int column that had a gap), any other finite float
   in its shortest round-trip form (0.5 -> "0.5"); a bool, NaN, inf, null, a list or a dict is an error;
 - with data.map_fn, the same rules apply to the "prompt" and "answer" it returns.
-Files are UTF-8, with or without a byte-order mark, with \\n or \\r\\n line ends. In a CSV file every row has
-as many cells as the header; an empty cell is an error in the prompt and answer columns and "" elsewhere.
-A `.json` file is a JSON array of row objects, or JSON Lines. A key that appears twice in one JSON object
+Files are UTF-8, with or without a byte-order mark, with \\n or \\r\\n line ends, and no NUL byte. In a CSV file
+every row has as many cells as the header; an empty cell is an error in the prompt and answer columns and ""
+elsewhere. A `.json` file is a JSON array of row objects, or JSON Lines (one object pretty-printed over
+several lines is refused). A key that appears twice in one JSON object
 is an error when it is the prompt or the answer key; for the other fields the last one wins, as in JSON.
 """
 
@@ -51,6 +52,17 @@ def load_problems(path: str, split: str, prompt_key: str, answer_key: str, map_f
     return problems
 
 
+def check_splits(path: str, split: str, eval_path: str | None, eval_split: str | None) -> None:
+    """Splits belong to a dataset folder or a hub id: a split named for one file would be ignored (the held-out
+    rows read from the training file itself), so it is refused."""
+    for key, value, source in (("data.split", split if split != "train" else None, path),
+                               ("data.eval_split", eval_split, eval_path or path)):
+        if value is not None and Path(source).expanduser().suffix in FILE_FORMATS:
+            hint = ("held-out rows from another file: data.eval_path=FILE, or data.eval_size rows are split off"
+                    if key == "data.eval_split" else "leave data.split out")
+            raise ConfigError(f"{key}={value}: '{source}' is one file, with no splits ({hint})")
+
+
 def read_rows(path: str, split: str, strict_keys: tuple[str, ...] = ()) -> Iterator[tuple[str, dict[str, Any]]]:
     """(where, row) pairs; `where` names the file and line (JSONL, CSV) or row (JSON array, Parquet, datasets).
     `strict_keys`: keys that may not appear twice in one JSON object or CSV header."""
@@ -80,7 +92,10 @@ def _decode(raw: bytes, where: str) -> str:
         column = len(raw[:err.start].decode("utf-8").removeprefix(BOM)) + 1
         raise ConfigError(f"{where}: not UTF-8 (byte 0x{raw[err.start]:02x} at column {column}); "
                           "save the file as UTF-8") from None
-    return text[1:] if text.startswith(BOM) else text
+    text = text[1:] if text.startswith(BOM) else text
+    if "\0" in text:  # no text file holds one; a binary or damaged file would train on it silently
+        raise ConfigError(f"{where}: a NUL byte at column {text.index(chr(0)) + 1} (a binary or damaged file?)")
+    return text
 
 
 def _decode_file(raw: bytes, path: str) -> str:
@@ -122,6 +137,7 @@ def _json(file: Path, path: str, strict: tuple[str, ...]) -> Iterator[tuple[str,
     """A JSON array of row objects (rows numbered from 0), or else JSON Lines in a .json file."""
     raw = file.read_bytes()
     if not raw.lstrip(BOM.encode() + b" \t\r\n").startswith(b"["):
+        _not_one_object(raw, path)
         yield from _json_lines(_text_lines(raw.split(b"\n"), path), path, strict)
         return
     text = _decode_file(raw, path)
@@ -132,6 +148,23 @@ def _json(file: Path, path: str, strict: tuple[str, ...]) -> Iterator[tuple[str,
     for index, row in enumerate(rows):
         where = f"{path} row {index}"
         yield where, _json_row(where, row, duplicated, strict)
+
+
+def _not_one_object(raw: bytes, path: str) -> None:
+    """A .json file that is one JSON object pretty-printed over several lines (`{"data": [{...}, ...]}`, say)
+    is refused by name, rather than read as JSON Lines and failing on its first line. (On one line it is
+    JSON Lines of one row.)"""
+    if sum(1 for line in raw.splitlines() if line.strip()) < 2:
+        return
+    try:
+        whole = json.loads(raw.decode("utf-8").removeprefix(BOM))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return  # JSON Lines (or broken): read line by line, errors named by line
+    if isinstance(whole, dict):
+        rows = [key for key, value in whole.items() if isinstance(value, list) and value and isinstance(value[0], dict)]
+        inside = f"; are the rows its '{rows[0]}' list?" if rows else ""
+        raise ConfigError(f"{path}: one JSON object (keys: {', '.join(map(_shown, whole))}), not an array of row "
+                          f"objects or JSON Lines{inside}")
 
 
 def _loads(text: str) -> tuple[Any, dict[int, set[str]]]:
@@ -221,7 +254,7 @@ def _datasets(path: str, split: str) -> Iterator[tuple[str, dict]]:
 def _mapped(mapper, map_fn: str, where: str, row: dict) -> dict:
     try:
         mapped = mapper(row)
-    except Exception as err:
+    except (Exception, SystemExit) as err:  # sys.exit() in a map_fn would end rlft without a word
         raise ConfigError(f"{where}: data.map_fn '{map_fn}' raised {type(err).__name__}: {err}") from None
     if not isinstance(mapped, dict):
         raise ConfigError(f"{where}: data.map_fn '{map_fn}' returned {type(mapped).__name__}, not a dict")

@@ -3,6 +3,8 @@ optional system prompt, then the assistant's turn opened), else the plain text."
 
 from __future__ import annotations
 
+import functools
+
 from rlft.types import Problem
 from rlft.errors import ConfigError
 
@@ -25,6 +27,11 @@ class PromptEncoder:
         text = self.tokenizer.apply_chat_template(messages + [{"role": "user", "content": prompt}],
                                                   add_generation_prompt=True, tokenize=False)
         return self.tokenizer.encode(text, add_special_tokens=False)  # the template has its own specials
+
+    @functools.cached_property
+    def longest_token(self) -> int:
+        """The longest token of the vocabulary, in characters: no token covers more of a prompt."""
+        return max(map(len, self.tokenizer.get_vocab()), default=1)
 
 
 def context_limit(model_max_positions: int | None, max_new_tokens: int, max_prompt_tokens: int | None) -> int | None:
@@ -55,7 +62,11 @@ def drop_long_prompts(problems: list[Problem], encode: PromptEncoder, max_tokens
     `reason` names the limit in that message (default: data.max_prompt_tokens)."""
     if max_tokens is None or not problems:
         return problems, 0
-    kept = [p for p in problems if len(encode(p.prompt)) <= max_tokens]
+    # A prompt longer than max_tokens of the longest token (x4: a normalizer may merge characters) cannot fit,
+    # and is not encoded: a tokenizer takes a minute over a 10 MB line.
+    longest = getattr(encode, "longest_token", None)
+    bound = None if longest is None else 4 * longest * (max_tokens + 1)
+    kept = [p for p in problems if (bound is None or len(p.prompt) <= bound) and len(encode(p.prompt)) <= max_tokens]
     if not kept:
         reason = reason or f"data.max_prompt_tokens={max_tokens}"
         raise ConfigError(f"{reason}: every one of the {len(problems)} {what} prompts is longer")

@@ -13,7 +13,11 @@ and Ray's log files, linked from the run directory as ray_logs/.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -110,12 +114,13 @@ class RayCluster:
         bundles = [learner_bundle] * h.learner_ranks + [rollout_bundle] * h.rollout_workers
         self.started_ray = not ray.is_initialized()
         if self.started_ray:
-            if h.ray_address is None:  # a local instance: CPUs are logical, small machines may oversubscribe
-                needed = sum(b["CPU"] for b in bundles)
-                ray.init(num_cpus=max(needed, os.cpu_count() or 1), include_dashboard=False,
-                         log_to_driver=True, configure_logging=False)
-            else:
-                join_ray(h.ray_address, timeout_s=min(h.placement_timeout_s, CONNECT_TIMEOUT_S))
+            with _sigterm_kept():
+                if h.ray_address is None:  # a local instance: CPUs are logical, small machines may oversubscribe
+                    needed = sum(b["CPU"] for b in bundles)
+                    ray.init(num_cpus=max(needed, os.cpu_count() or 1), include_dashboard=False,
+                             log_to_driver=True, configure_logging=False)
+                else:
+                    join_ray(h.ray_address, timeout_s=min(h.placement_timeout_s, CONNECT_TIMEOUT_S))
         self.placement_group = placement_group(bundles, strategy=h.placement_strategy)
         ready, _ = ray.wait([self.placement_group.ready()], timeout=h.placement_timeout_s)
         if not ready:
@@ -151,24 +156,95 @@ class RayCluster:
 
 
 def join_ray(address: str, timeout_s: float) -> None:
-    """ray.init(address) retries an unreachable cluster for minutes: a host:port is first asked directly,
-    and any failure to join is one ConfigError naming hardware.ray_address."""
+    """ray.init(address) retries an unreachable cluster for minutes, and as long a port where something other
+    than HTTP/2 answers (the dashboard's, 8265, is a usual slip): a host:port is first asked directly, and any
+    failure to join is one ConfigError naming hardware.ray_address."""
     import socket
 
     import ray
     host, _, port = address.rpartition(":")
     if host and port.isdigit():
         try:
-            socket.create_connection((host, int(port)), timeout=timeout_s).close()
+            connection = socket.create_connection((host, int(port)), timeout=timeout_s)
         except OSError as err:
             raise ConfigError(f"hardware.ray_address={address}: no Ray cluster answers there within {timeout_s:.0f} s "
                               f"({err.strerror or err}); start one with `ray start --head`, or ray_address=null "
                               "starts Ray here") from None
+        with connection:
+            other = _not_grpc(connection, timeout_s)
+        if other:
+            raise ConfigError(f"hardware.ray_address={address}: not a Ray cluster ({other}; Ray's GCS speaks gRPC, on "
+                              "port 6379 unless `ray start --head --port` chose another)")
+    # Ray's client retries (20 s for its defaults, longer for an HTTP/2 server that is not Ray's), with C++ log
+    # lines on stderr: kept aside, the last one goes into the one error; on success they are shown as they were.
+    with tempfile.TemporaryFile() as said:
+        try:
+            with _stderr_into(said):
+                ray.init(address=address, log_to_driver=True)
+        except (ConnectionError, RuntimeError, ValueError) as err:
+            said.seek(0)
+            lines = [line for line in said.read().decode(errors="replace").splitlines() if line.strip()]
+            last = re.sub(r"^\[[^]]*\]\s*\S+:\d+:\s*", "", lines[-1]) if lines else ""
+            reason = first_line(err) + (f"; {last}" if last and "Failed to connect" not in last else "")
+            raise ConfigError(f"hardware.ray_address={address}: cannot join the Ray cluster ({reason})") from None
+        said.seek(0)
+        sys.stderr.write(said.read().decode(errors="replace"))
+
+
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # and an empty SETTINGS frame
+
+
+def _not_grpc(connection, timeout_s: float) -> str | None:
+    """What answers on a connection when it is plainly not a gRPC server: its first words, or that it hung up.
+    None when it answers in HTTP/2 (a SETTINGS frame), or not in time, or Ray's TLS is on: Ray decides then."""
+    import socket
+    if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+        return None
+    connection.settimeout(min(timeout_s, 10.0))
     try:
-        ray.init(address=address, log_to_driver=True)
-    except (ConnectionError, RuntimeError, ValueError) as err:
-        first = first_line(err)
-        raise ConfigError(f"hardware.ray_address={address}: cannot join the Ray cluster ({first})") from None
+        connection.sendall(HTTP2_PREFACE)
+        head = connection.recv(64)
+    except socket.timeout:
+        return None
+    except OSError as err:
+        return f"it hung up ({err.strerror or err})"
+    if not head:
+        return "it hung up without a word"
+    if len(head) >= 4 and head[3] == 0x04:
+        return None
+    first = head.splitlines()[0].strip()[:40].decode(errors="replace")
+    return f"it answered {first!r}"
+
+
+@contextlib.contextmanager
+def _sigterm_kept():
+    """ray.init makes SIGTERM sys.exit(15) and adds a C++ handler that prints a stack dump: the driver keeps
+    rlft's own (rlft.cli: an interrupt, one line, exit status 130, the actors and Ray stopped on the way out)."""
+    import signal
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        if handler is not None:  # None: not set from Python, nothing to keep
+            signal.signal(signal.SIGTERM, handler)
+
+
+@contextlib.contextmanager
+def _stderr_into(file):
+    """This process's stderr (file descriptor 2: Python's and C++'s lines) goes into `file` for a while."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    os.dup2(file.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def link_ray_logs(run_dir: Path) -> None:

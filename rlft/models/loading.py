@@ -62,6 +62,9 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except OSError as err:
         raise ConfigError(f"model.path '{path}': cannot load a tokenizer ({first_line(err)})") from None
+    if len(tokenizer) < 2:  # transformers gives an empty one for a folder without tokenizer files
+        raise ConfigError(f"model.path '{path}': no tokenizer there (its vocabulary is empty: tokenizer.json, "
+                          "tokenizer.model or vocab.json missing?); copy the tokenizer files with the model")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

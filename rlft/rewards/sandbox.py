@@ -12,35 +12,39 @@ is up, the PID namespace ends and every process in it with it (double forks incl
 `rlimits` (the fallback, with one warning, where bwrap is missing or cannot create namespaces here): a
 new session killed as a whole, a private working directory removed afterwards, and as root a user id of
 its own (below), whose every process is killed and whose files in /tmp, /var/tmp and /dev/shm are removed
-after the call.
+after the call. The program is killed when the trainer dies (a parent-death signal; bwrap has its own).
 
 Both kinds: a launcher sets the limits in the child before the program starts: CPU seconds, address space,
 file size, open files, processes, no core files. As root, the program runs as an unprivileged user id of
-its own per call (from a range no account uses; `nobody` where the system refuses such ids), so it cannot
-signal or read the trainer and its process limit is its own. Where the machine is x86-64 or arm64, a
-seccomp filter refuses network sockets (all but AF_UNIX), new namespaces, io_uring, bpf, userfaultfd,
-perf events, keyrings and ptrace. The environment is PATH, HOME and TMPDIR; stdin is what the caller
-passes. Output (stdout and stderr) is read as it comes and only its last `tail_kib` KiB are kept (the
-rest is counted), so a program that floods output costs the trainer neither memory nor its time limit.
+its own per call (from a range no account uses, a block of it per trainer or worker process; `nobody`
+where the system refuses such ids), so it cannot signal or read the trainer and its process limit is its
+own. Where the machine is x86-64 or arm64, a seccomp filter refuses network sockets (all but AF_UNIX),
+new namespaces (unshare, setns), io_uring, bpf, userfaultfd, perf events, keyrings, ptrace and other
+processes' memory and fds (process_vm_readv/writev, pidfd_getfd). The environment is PATH, HOME and
+TMPDIR; stdin is what the caller passes, written as the program reads it. Output (stdout and stderr) is
+read as it comes and only its last `tail_kib` KiB are kept (the rest is counted), so a program that floods
+output costs the trainer neither memory nor its time limit.
 
 What it does not contain: kernel exploits (this is not a VM; seccomp narrows the surface only); load on
 the machine within the limits (no cgroup: each program, and each at once, gets them; a tmpfs caps bytes,
 not the number of empty files, which only the time limit bounds). Under `rlimits`: the program reads every
 world-readable file (the project's source too), writes into world-writable directories other than the
-three swept, fills the disk there (file size is capped, the number of files is not), reaches the network
-where seccomp is unavailable; with `nobody` instead of an id of its own, nothing is swept and a double
-fork that calls setsid outlives the call; when the trainer is not root it also runs as the trainer's user
-(it may signal and read the trainer's processes).
-Cheating on tests from inside the tested interpreter: see `run_tests`.
+three swept, fills the disk there (file size is capped, the number of files is not), reaches the host's
+unix sockets (abstract ones included) and, where seccomp is unavailable, the network; with `nobody`
+instead of an id of its own, nothing is swept and a double fork that calls setsid outlives the call; when
+the trainer is not root it also runs as the trainer's user (it may signal and read the trainer's
+processes). A trainer killed with SIGKILL leaves the call's working directory behind.
+Tests (`run_tests`) run in a process the solution cannot reach: see HARNESS.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import logging
+import math
 import os
 import platform
-import random
 import secrets
 import selectors
 import shutil
@@ -57,7 +61,9 @@ log = logging.getLogger(__name__)
 
 NOBODY = 65534
 # Per-call user ids: above systemd's container range (524288..0x6FFFFFFF), below 2**31, unused by accounts.
-UID_BASE, UID_SPAN = 0x7B000000, 1 << 20
+# Each process takes them from a block of its own, at its pid (below 2**22, the kernel's limit): the reward
+# workers, processes of their own, never share one (random ids did, now and then).
+UID_BASE, UID_SLOTS = 0x7B000000, 16
 HOME = "/sandbox"
 PROGRAM_DIR = "/program"
 SWEPT = ("/tmp", "/var/tmp", "/dev/shm")
@@ -92,114 +98,241 @@ def run_python(program: str, timeout_s: float = 10.0, memory_mb: int = 1024, max
                max_file_mb: int = 16, *, stdin: bytes = b"", max_open_files: int = 64, tail_kib: int = 16,
                kind: str | None = None) -> SandboxResult:
     """Runs `program` with `python -I` in the sandbox. `max_file_mb` also sizes each private tmpfs (bwrap).
-    `stdin` (at most 4 KiB) is written to its stdin before it is closed; `kind` forces a sandbox."""
-    if len(stdin) > 4096:
-        raise ValueError("stdin is for a few bytes (a token); pass data in the program")
+    `stdin` is written to its stdin as it reads, then closed; `kind` forces a sandbox."""
+    # checked here: a NaN or a string would otherwise fail deep inside, or as the program's own failure
+    if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
+        raise ValueError(f"timeout_s must be a finite number of seconds above 0, not {timeout_s!r}")
+    for name, value in (("memory_mb", memory_mb), ("max_processes", max_processes), ("max_file_mb", max_file_mb),
+                        ("max_open_files", max_open_files), ("tail_kib", tail_kib)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a whole number above 0, not {value!r}")
     limits = _Limits(timeout_s, memory_mb, max_processes, max_file_mb, max_open_files)
     return _run(_plan_for(kind), program, limits, stdin, tail_kib * 1024)
 
 
 # ---- verified tests ---------------------------------------------------------------------------------
 
-# Runs the solution, then the tests on it, in one interpreter, and writes the token only when the tests'
-# `check` returned. Everything the verdict depends on is bound before the solution's code runs: the
-# solution may rebind module attributes, builtins, print or sys.exit, but not these locals.
-HARNESS = r'''
-import builtins, os, sys, traceback
+# Two processes. The harness (this program's main process) runs the tests and never runs a line of the
+# solution: before it reads the token and the tests from stdin it forks a child, which runs the solution and
+# answers calls through pipes, values crossing as data (builtin types only: an object whose == always holds
+# cannot cross). So nothing the solution does in its interpreter (frames, gc, /proc/self/mem, tracers,
+# monkeypatching builtins or the modules the tests import, exits, signal handlers, threads) reaches the
+# verdict, the token or the tests' source. The harness makes itself non-dumpable first: its child, the same
+# user, can then neither read nor write its memory (/proc/PID/mem, ptrace) nor open its fds (/proc/PID/fd).
+# The verdict is the harness's own exit status 0 and the token as the last line.
+HARNESS = r"""
+import builtins, ctypes, json, os, signal, sys, traceback
 
-def _rlft_main(solution, trusted, test, entry_point):
-    token = sys.stdin.buffer.readline().strip()
-    null = os.open(os.devnull, os.O_RDONLY)   # stdin is spent: nothing more to read there
+_DEPTH = 100
+
+
+def _rlft_encode(value, depth=0):
+    # builtin values as JSON, ints and floats as strings (exact, and no limit on an int's digits)
+    kind = type(value)
+    if value is None or kind is bool or kind is str:
+        return value
+    if depth > _DEPTH:
+        raise ValueError("a value nested more than %d deep" % _DEPTH)
+    if kind is int:
+        return ["i", format(value, "x")]
+    if kind is float:
+        return ["f", repr(value)]
+    if kind is complex:
+        return ["c", [repr(value.real), repr(value.imag)]]
+    if kind is bytes:
+        return ["b", value.hex()]
+    for tag, each in (("l", list), ("t", tuple), ("s", set), ("z", frozenset)):
+        if kind is each:
+            return [tag, [_rlft_encode(item, depth + 1) for item in value]]
+    if kind is dict:
+        return ["d", [_rlft_encode(part, depth + 1) for pair in value.items() for part in pair]]
+    raise TypeError("a %s: only builtin values (None, bool, int, float, complex, str, bytes, list, tuple, "
+                    "set, frozenset, dict) cross between the tests and the solution" % kind.__name__)
+
+
+def _rlft_decode(data, depth=0):
+    # strict: what the solution's process sends is data of these types or nothing
+    if data is None or type(data) is bool or type(data) is str:
+        return data
+    if depth > _DEPTH or type(data) is not list or len(data) != 2 or type(data[0]) is not str:
+        raise ValueError("not a value")
+    tag, body = data
+    if type(body) is str:
+        if tag == "i":
+            return int(body, 16)
+        if tag == "f":
+            return float(body)
+        if tag == "b":
+            return bytes.fromhex(body)
+    elif type(body) is list:
+        if tag == "c" and len(body) == 2 and type(body[0]) is str and type(body[1]) is str:
+            return complex(float(body[0]), float(body[1]))
+        items = [_rlft_decode(item, depth + 1) for item in body]
+        if tag == "l":
+            return items
+        if tag == "t":
+            return tuple(items)
+        if tag == "s":
+            return set(items)
+        if tag == "z":
+            return frozenset(items)
+        if tag == "d" and len(items) % 2 == 0:
+            return dict(zip(items[0::2], items[1::2]))
+    raise ValueError("not a value")
+
+
+def _rlft_serve(solution, entry_point, calls, answers):
+    # the child: from the solution's first line on, nothing in this process is trusted. Dumpable again (its
+    # own /proc/self as usual): there is nothing secret in its memory, forked before the harness read stdin.
+    ulong = ctypes.c_ulong
+    ctypes.CDLL(None, use_errno=True).prctl(4, ulong(1), ulong(0), ulong(0), ulong(0))
+    null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
-    write, leave, getpid, pid = os.write, os._exit, os.getpid, os.getpid()
-    gettrace, getprofile, kind_of, failed = sys.gettrace, sys.getprofile, type, traceback.print_exc
-    run, build, pristine, mapping = exec, compile, dict(vars(builtins)), dict
-    monitoring = getattr(sys, "monitoring", None)  # 3.12+: tools that see (and may steer) every line
-    get_tool = monitoring.get_tool if monitoring is not None else None
-    plain = (bool, int, float, complex, str, bytes, type(None))
-    nested = (list, tuple, set, frozenset)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    reader, writer = os.fdopen(calls, "rb"), os.fdopen(answers, "wb")
 
-    def one_of(kind, kinds):  # `is`, not `in`: a metaclass may define ==
-        for each in kinds:
-            if kind is each:
-                return True
-        return False
-
-    def honest(value, depth):
-        # builtin types only: an object whose == always holds would pass any assert
-        kind = kind_of(value)
-        if one_of(kind, plain):
-            return True
-        if depth > 50:
-            return False
-        if one_of(kind, nested):
-            for item in value:
-                if not honest(item, depth + 1):
-                    return False
-            return True
-        if kind is mapping:
-            for key in value:
-                if not honest(key, depth + 1) or not honest(value[key], depth + 1):
-                    return False
-            return True
-        return False
-
-    def watched():  # a tracer or monitor could jump over the tests' asserts
-        if gettrace() is not None or getprofile() is not None:
-            return True
-        if get_tool is not None:
-            for tool in (0, 1, 2, 3, 4, 5):
-                if get_tool(tool) is not None:
-                    return True
-        return False
-
-    def guarded(*args, **kwargs):
-        value = candidate(*args, **kwargs)
-        if watched() or not honest(value, 0):
-            leave(3)
-        return value
+    def send(reply):
+        try:  # its output goes ahead of the harness's
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except BaseException:
+            pass
+        writer.write(json.dumps(reply).encode() + b"\n")
+        writer.flush()
 
     try:
         namespace = {"__name__": "__main__"}
-        run(build(solution, "solution.py", "exec", dont_inherit=True, optimize=0), namespace)
-        candidate = namespace[entry_point]
-        # the tests see the prompt's own definitions and unpatched builtins, not the solution's rebindings
-        tests = {"__name__": "__main__", "__builtins__": pristine}
-        run(build(trusted, "prompt.py", "exec", dont_inherit=True, optimize=0), tests)
-        tests[entry_point] = guarded  # some tests call it by name (HumanEval/33)
-        run(build(test, "test.py", "exec", dont_inherit=True, optimize=0), tests)
-        tests["check"](guarded)
-        sys.stdout.flush()
+        exec(compile(solution, "solution.py", "exec", dont_inherit=True, optimize=0), namespace)
+        function = namespace[entry_point]
+        send("ready")
+        for line in reader:
+            args, kwargs = [_rlft_decode(part) for part in json.loads(line)]
+            try:
+                value = function(*args, **kwargs)
+            except BaseException as error:
+                traceback.print_exc()
+                try:
+                    message = str(error)[:1000]
+                except BaseException:
+                    message = ""
+                send(["raised", [[kind.__name__ for kind in type(error).__mro__], message]])
+                continue
+            try:
+                value = _rlft_encode(value)
+            except BaseException as error:
+                sys.stderr.write("harness: the solution returned %s\n" % error)
+                break
+            send(["value", value])
     except BaseException:
+        traceback.print_exc()
+    os._exit(1)
+
+
+def _rlft_main(solution, entry_point):
+    ulong = ctypes.c_ulong
+    if ctypes.CDLL(None, use_errno=True).prctl(4, ulong(0), ulong(0), ulong(0), ulong(0)) != 0:
+        sys.exit("harness: prctl(PR_SET_DUMPABLE) failed: the solution could read the harness's memory")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a KeyboardInterrupt sent by the solution: tests could catch it
+    calls_read, calls_write = os.pipe()
+    answers_read, answers_write = os.pipe()
+    sys.stdout.flush()
+    child = os.fork()
+    if child == 0:
+        os.close(calls_write)
+        os.close(answers_read)
+        _rlft_serve(solution, entry_point, calls_read, answers_write)
+    os.close(calls_read)
+    os.close(answers_write)
+    sender, answers = os.fdopen(calls_write, "wb"), os.fdopen(answers_read, "rb")
+
+    def leave(status, why=None, token=None):
         try:
-            failed()
+            if why:
+                sys.stderr.write("harness: %s\n" % why)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+            if token:
+                os.write(1, b"\n" + token + b"\n")
         finally:
-            leave(1)
-    # a fork of the program, or a tracer that could have skipped lines, does not report
-    if getpid() != pid or watched():
-        leave(4)
-    write(1, b"\n" + token + b"\n")
-    leave(0)
-'''
+            os._exit(status)
+
+    def answer():
+        # ("value", v) or ("raised", an exception to raise in the tests). A failure here ends the run at once:
+        # raised into the tests, an `except` there could swallow it.
+        try:
+            line = answers.readline()
+            if not line:
+                leave(1, "the solution's process ended")
+            reply = json.loads(line)
+            if reply == "ready":
+                return reply, None
+            kind, body = reply
+            if kind == "value":
+                return kind, _rlft_decode(body)
+            names, message = body
+            if kind == "raised" and type(names) is list and type(message) is str:
+                for name in names:  # the nearest builtin class: the tests' `except ValueError` catches a subclass
+                    error = getattr(builtins, name, None) if type(name) is str else None
+                    if isinstance(error, type) and issubclass(error, BaseException):
+                        if not issubclass(error, Exception):  # SystemExit, KeyboardInterrupt, their like
+                            leave(1, "the solution raised %s" % name)
+                        try:
+                            return kind, error(message)
+                        except Exception:
+                            continue
+        except BaseException as error:
+            leave(1, "the solution's process sent something other than a value (%s)" % type(error).__name__)
+        leave(1, "the solution's process sent something other than a value")
+
+    def candidate(*args, **kwargs):
+        try:
+            sender.write(json.dumps([_rlft_encode(list(args)), _rlft_encode(kwargs)]).encode() + b"\n")
+            sender.flush()
+        except BaseException as error:
+            leave(1, "could not call the solution: %s: %s" % (type(error).__name__, error))
+        kind, value = answer()
+        if kind == "raised":
+            raise value
+        if kind != "value":
+            leave(1, "the solution's process sent something other than a value")
+        return value
+
+    try:
+        token = sys.stdin.buffer.readline().strip()
+        definitions, test = json.loads(sys.stdin.buffer.readline())
+        if answer()[0] != "ready":
+            leave(1, "the solution did not load")
+        # the tests see the prompt's own definitions (its helpers), and the entry point by name (HumanEval/33)
+        tests = {"__name__": "__main__"}
+        exec(compile(definitions, "prompt.py", "exec", dont_inherit=True, optimize=0), tests)
+        tests[entry_point] = candidate
+        exec(compile(test, "test.py", "exec", dont_inherit=True, optimize=0), tests)
+        tests["check"](candidate)
+    except BaseException:
+        traceback.print_exc()
+        leave(1)
+    leave(0, token=token)
+"""
 
 
 def run_tests(prompt: str, body: str, test: str, entry_point: str, timeout_s: float = 10.0,
               memory_mb: int = 1024, *, kind: str | None = None) -> SandboxResult:
     """Runs HumanEval-style tests (`test` defines check(candidate)) on prompt + body, and passes only when the
-    harness itself reports that `check` returned: exit status 0 AND, as the last output line, a random
-    token given on stdin, which the harness reads (and stdin is closed) before the solution's code runs.
+    harness itself reports that `check` returned: its exit status 0 AND, as the last output line, a random
+    token given on stdin.
 
-    Threat model: the solution runs in the harness's interpreter, so code that introspects it (frames,
-    gc) can in principle find the token or the test namespace; this is not defended. Defended are the
-    shortcuts RL finds: exiting early (sys.exit, SystemExit, os._exit, atexit, killing itself: no token),
-    monkeypatching print/sys.stdout/builtins/check (the verdict uses names bound beforehand; the tests
-    get pristine builtins and the prompt's definitions), returning an object equal to everything (only
-    builtin types may come back), a forked copy reporting for the program, tracers that skip lines."""
+    Threat model (see HARNESS): the solution runs in a process of its own, forked before the token and the
+    tests arrive, and only answers calls with builtin values; the tests run in the harness's process, which
+    it cannot read, write or steer. The tests' source is never in the program file or the solution's
+    memory. Rewards for behaviour the tests accept (a lookup table of their expected answers guessed or
+    memorised, say) are the tests' matter."""
     token = secrets.token_hex(16)
-    program = HARNESS + f"\n_rlft_main({prompt + body!r}, {_definitions(prompt)!r}, {test!r}, {entry_point!r})\n"
-    result = run_python(program, timeout_s=timeout_s, memory_mb=memory_mb, stdin=token.encode() + b"\n",
-                        kind=kind)
+    program = HARNESS + f"\n_rlft_main({prompt + body!r}, {entry_point!r})\n"
+    secret = token.encode() + b"\n" + json.dumps([_definitions(prompt), test]).encode() + b"\n"
+    result = run_python(program, timeout_s=timeout_s, memory_mb=memory_mb, stdin=secret, kind=kind)
     lines = result.output.strip().splitlines()
     reported = result.passed and bool(lines) and lines[-1].strip() == token
     status = "passed" if reported else ("timeout" if result.status == "timeout" else "failed")
@@ -337,38 +470,39 @@ class _Limits:
 
 def _run(plan: _Plan, program: str, limits: _Limits, stdin: bytes, tail_bytes: int) -> SandboxResult:
     uid = _take_uid(plan)
-    workdir = tempfile.mkdtemp(prefix="rlft-sandbox-")
     try:
-        path = os.path.join(workdir, "program.py")
-        with open(path, "w") as f:
-            f.write(program)
-        if uid is not None:
-            os.chown(workdir, uid, uid)
-            os.chown(path, uid, uid)
-        argv, cwd, env, user = _command(plan, workdir, uid, limits)
-        deadline = time.monotonic() + limits.timeout_s
-        process = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, start_new_session=True, **user)
+        workdir = tempfile.mkdtemp(prefix="rlft-sandbox-")
         try:
-            _feed(process, stdin)
-            tail, dropped, timed_out = _collect(process, deadline, tail_bytes)
+            path = os.path.join(workdir, "program.py")
+            with open(path, "wb") as f:  # surrogatepass: a lone surrogate is the program's SyntaxError, not ours
+                f.write(program.encode("utf-8", "surrogatepass"))
+            if uid is not None:
+                os.chown(workdir, uid, uid)
+                os.chown(path, uid, uid)
+            argv, cwd, env, user = _command(plan, workdir, uid, limits)
+            deadline = time.monotonic() + limits.timeout_s
+            process = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, start_new_session=True, **user)
+            try:
+                tail, dropped, timed_out = _collect(process, stdin, deadline, tail_bytes)
+            finally:
+                _end(process, plan, uid)
+            status = "timeout" if timed_out else "passed" if process.returncode == 0 else "failed"
+            return SandboxResult(status == "passed", status, tail.decode(errors="replace"), dropped)
         finally:
-            _end(process, plan, uid)
-        status = "timeout" if timed_out else "passed" if process.returncode == 0 else "failed"
-        return SandboxResult(status == "passed", status, tail.decode(errors="replace"), dropped)
+            shutil.rmtree(workdir, ignore_errors=True)
+            if uid is not None and plan.own_uids and plan.kind == "rlimits":
+                _sweep(uid)  # under bwrap its files were on tmpfs mounts that are gone
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-        if uid is not None and plan.own_uids:
-            if plan.kind == "rlimits":  # under bwrap its files were on tmpfs mounts that are gone
-                _sweep(uid)
-            _release_uid(uid)
+        _release_uid(uid)
 
 
 def _command(plan: _Plan, workdir: str, uid: int | None, limits: _Limits):
     """(argv, cwd, env, user arguments for Popen)."""
     inside = os.path.join(PROGRAM_DIR if plan.kind == "bwrap" else workdir, "program.py")
     drop = uid if plan.kind == "bwrap" and plan.as_root else None
-    launch = [plan.python, "-I", "-S", "-c", LAUNCHER, *_launcher_args(drop, limits, plan.python, inside)]
+    parent = None if plan.kind == "bwrap" else os.getpid()  # the launcher's parent: this process
+    launch = [plan.python, "-I", "-S", "-c", LAUNCHER, *_launcher_args(drop, parent, limits, plan.python, inside)]
     env = {"PATH": "/usr/bin:/bin"}
     if plan.kind == "bwrap":
         argv = _bwrap_argv(plan, workdir, limits.max_file_mb * 2 ** 20) + ["--", *launch]
@@ -399,23 +533,32 @@ def _bwrap_argv(plan: _Plan, workdir: str, tmpfs_bytes: int) -> list[str]:
 
 
 # Sets the limits, then becomes the program (exec: same process). Runs as the sandbox user, or as root
-# with CAP_SETUID/CAP_SETGID only under a root bwrap. Seccomp is best effort (no ctypes, other arch).
+# with CAP_SETUID/CAP_SETGID only under a root bwrap. Seccomp and the parent-death signal are best effort
+# (no ctypes, other arch).
 LAUNCHER = r'''
 import os, resource, sys
-uid, cpu, memory, size, processes, files, bpf, python, path = sys.argv[1:]
+uid, parent, cpu, memory, size, processes, files, bpf, python, path = sys.argv[1:]
 if uid != "-":
     os.setgroups([])
     os.setgid(int(uid))
     os.setuid(int(uid))
-if bpf != "-":
+try:
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    ulong = ctypes.c_ulong
+except Exception:
+    libc = None
+if libc is not None and parent != "-":
+    # dies with the trainer (bwrap has --die-with-parent); set after the user change, which clears it
+    libc.prctl(1, ulong(9), ulong(0), ulong(0), ulong(0))  # PR_SET_PDEATHSIG, SIGKILL
+    if os.getppid() != int(parent):  # the trainer died before that
+        os._exit(1)
+if libc is not None and bpf != "-":
     try:
-        import ctypes
         code = ctypes.create_string_buffer(bytes.fromhex(bpf))
         class Program(ctypes.Structure):
             _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
         program = Program(len(bpf) // 16, ctypes.addressof(code))
-        libc = ctypes.CDLL(None, use_errno=True)
-        ulong = ctypes.c_ulong
         if libc.prctl(38, ulong(1), ulong(0), ulong(0), ulong(0)) == 0:   # PR_SET_NO_NEW_PRIVS
             libc.prctl(22, ulong(2), ctypes.byref(program), ulong(0), ulong(0))  # PR_SET_SECCOMP, FILTER
     except Exception:
@@ -430,32 +573,28 @@ os.execv(python, [python, "-I", path])
 '''
 
 
-def _launcher_args(drop_to: int | None, limits: _Limits, python: str, path: str) -> list[str]:
+def _launcher_args(drop_to: int | None, parent: int | None, limits: _Limits, python: str,
+                   path: str) -> list[str]:
     cpu = max(1, int(limits.timeout_s) + 1)
     bpf = _seccomp_filter()
-    return ["-" if drop_to is None else str(drop_to), str(cpu), str(limits.memory_mb * 2 ** 20),
-            str(limits.max_file_mb * 2 ** 20), str(limits.max_processes), str(limits.max_open_files),
-            bpf.hex() if bpf else "-", python, path]
+    return ["-" if drop_to is None else str(drop_to), "-" if parent is None else str(parent), str(cpu),
+            str(limits.memory_mb * 2 ** 20), str(limits.max_file_mb * 2 ** 20), str(limits.max_processes),
+            str(limits.max_open_files), bpf.hex() if bpf else "-", python, path]
 
 
 def _as_user(uid: int | None) -> dict:
     return {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
 
 
-def _feed(process: subprocess.Popen, data: bytes) -> None:
-    try:
-        if data:
-            process.stdin.write(data)  # a few bytes into an empty pipe: never blocks
-        process.stdin.close()
-    except BrokenPipeError:
-        pass
-
-
-def _collect(process: subprocess.Popen, deadline: float, tail_bytes: int) -> tuple[bytes, int, bool]:
-    """Reads output as it comes until the process ends or the deadline passes; keeps the last tail_bytes.
-    (tail, bytes dropped, timed out). Does not wait for EOF: a leftover child may hold the pipe open."""
-    fd = process.stdout.fileno()
+def _collect(process: subprocess.Popen, stdin: bytes, deadline: float,
+             tail_bytes: int) -> tuple[bytes, int, bool]:
+    """Writes stdin as the program reads it (a full pipe never blocks the caller) and reads output as it comes
+    until the process ends or the deadline passes; keeps the last tail_bytes. (tail, bytes dropped, timed
+    out). Does not wait for EOF: a leftover child may hold the pipe open."""
+    fd, feed = process.stdout.fileno(), process.stdin.fileno()
     os.set_blocking(fd, False)
+    os.set_blocking(feed, False)
+    pending = memoryview(stdin)
     tail, dropped = bytearray(), 0
 
     def take(chunk: bytes) -> None:
@@ -467,13 +606,38 @@ def _collect(process: subprocess.Popen, deadline: float, tail_bytes: int) -> tup
 
     with selectors.DefaultSelector() as selector:
         selector.register(fd, selectors.EVENT_READ)
+        feeding = bool(pending)
+        if feeding:
+            selector.register(feed, selectors.EVENT_WRITE)
+        else:
+            process.stdin.close()
+
+        def stop_feeding() -> None:
+            nonlocal feeding
+            if feeding:
+                feeding = False
+                selector.unregister(feed)
+                process.stdin.close()
+
         after_exit = 0  # bytes read since the process ended: a leftover child may go on writing
         while True:
             left = deadline - time.monotonic()
             ended = process.poll() is not None
             if left <= 0:
                 return bytes(tail), dropped, not ended
-            if selector.select(0 if ended else min(left, 0.1)):
+            if ended:
+                stop_feeding()
+            ready = {key.fd for key, _ in selector.select(0 if ended else min(left, 0.1))}
+            if feeding and feed in ready:
+                try:
+                    pending = pending[os.write(feed, pending[:1 << 16]):]
+                except BlockingIOError:
+                    pass
+                except OSError:  # it closed its stdin: the rest is not wanted
+                    pending = pending[:0]
+                if not pending:
+                    stop_feeding()
+            if fd in ready:
                 chunk = _read(fd)
                 if chunk:
                     take(chunk)
@@ -481,6 +645,7 @@ def _collect(process: subprocess.Popen, deadline: float, tail_bytes: int) -> tup
                     if after_exit < (1 << 20):
                         continue
                 elif chunk == b"":  # EOF: wait for the exit within the time
+                    stop_feeding()
                     try:
                         process.wait(max(0.0, deadline - time.monotonic()))
                     except subprocess.TimeoutExpired:
@@ -505,6 +670,8 @@ def _end(process: subprocess.Popen, plan: _Plan, uid: int | None) -> None:
         _kill_user(uid, plan.python)
     process.wait()
     process.stdout.close()
+    if not process.stdin.closed:
+        process.stdin.close()
 
 
 def _kill_group(pid: int) -> None:
@@ -543,27 +710,31 @@ def _sweep(uid: int) -> None:
                 pass
 
 
-_uids_lock = threading.Lock()
+_uids = threading.Condition()
 _uids_in_use: set[int] = set()
 
 
 def _take_uid(plan: _Plan) -> int | None:
-    """None: not root (the program runs as this user). Else a user id of the call's own, or nobody."""
+    """None: not root (the program runs as this user). Else a user id of the call's own (a call beyond
+    UID_SLOTS at once in this process waits for one), or nobody."""
     if os.geteuid() != 0:
         return None
     if not plan.own_uids:
         return NOBODY
-    with _uids_lock:
+    block = UID_BASE + os.getpid() * UID_SLOTS
+    with _uids:
         while True:
-            uid = UID_BASE + random.randrange(UID_SPAN)
-            if uid not in _uids_in_use:
-                _uids_in_use.add(uid)
-                return uid
+            for uid in range(block, block + UID_SLOTS):
+                if uid not in _uids_in_use:
+                    _uids_in_use.add(uid)
+                    return uid
+            _uids.wait()
 
 
-def _release_uid(uid: int) -> None:
-    with _uids_lock:
+def _release_uid(uid: int | None) -> None:
+    with _uids:
         _uids_in_use.discard(uid)
+        _uids.notify()
 
 
 # ---- seccomp ------------------------------------------------------------------------------------------
@@ -572,14 +743,18 @@ def _release_uid(uid: int) -> None:
 _ARCHES = {
     "x86_64": (0xC000003E, 0x40000000, dict(socket=41, clone=56, unshare=272, clone3=435, ptrace=101, bpf=321,
                userfaultfd=323, perf_event_open=298, keyctl=250, add_key=248, request_key=249,
-               io_uring_setup=425, io_uring_enter=426, io_uring_register=427)),
+               io_uring_setup=425, io_uring_enter=426, io_uring_register=427, process_vm_readv=310,
+               process_vm_writev=311, pidfd_getfd=438, setns=308)),
     "aarch64": (0xC00000B7, 0, dict(socket=198, clone=220, unshare=97, clone3=435, ptrace=117, bpf=280,
                 userfaultfd=282, perf_event_open=241, keyctl=219, add_key=217, request_key=218,
-                io_uring_setup=425, io_uring_enter=426, io_uring_register=427)),
+                io_uring_setup=425, io_uring_enter=426, io_uring_register=427, process_vm_readv=270,
+                process_vm_writev=271, pidfd_getfd=438, setns=268)),
 }
 _ARCHES["amd64"], _ARCHES["arm64"] = _ARCHES["x86_64"], _ARCHES["aarch64"]
-_DENIED = ("unshare", "ptrace", "bpf", "userfaultfd", "perf_event_open", "keyctl", "add_key", "request_key",
-           "io_uring_setup", "io_uring_enter", "io_uring_register")
+# process_vm_*, pidfd_getfd: another process's memory or fds (the test harness's; it is non-dumpable too)
+_DENIED = ("unshare", "setns", "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "bpf",
+           "userfaultfd", "perf_event_open", "keyctl", "add_key", "request_key", "io_uring_setup",
+           "io_uring_enter", "io_uring_register")
 _NEW_NAMESPACES = 0x7E020000  # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
 _AF_UNIX, _EPERM, _ENOSYS = 1, 1, 38
 _ALLOW, _ERRNO, _KILL = 0x7FFF0000, 0x00050000, 0x80000000
