@@ -82,7 +82,8 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
         problem = checkpoint_problem(folder)
         if problem is None:
             for damaged, why in problems:  # warned of only when an older one resumes: else the error says it
-                print(f"rlft: warning: checkpoint {damaged} is not usable ({why}); trying an older one", file=sys.stderr)
+                print(f"rlft: warning: checkpoint {damaged} is not usable ({why}); trying an older one",
+                      file=sys.stderr)
             if folder != folders[0]:
                 print(f"rlft: warning: resuming from {folder.name}, the newest whole checkpoint", file=sys.stderr)
             return folder

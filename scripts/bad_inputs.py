@@ -2,7 +2,7 @@
 on stderr, seconds to fail, and the last line. Every row should end in one `rlft: error:` line, fast; the
 few probes marked `ok` are inputs that look odd but are fine, and must train (exit 0, no error line).
 
-    python scripts/bad_inputs.py                           # all probes (about 15 minutes on 2 cores)
+    python scripts/bad_inputs.py                           # all probes (about 20 minutes on 2 cores)
     python scripts/bad_inputs.py --only data               # the probes whose name contains "data"
     python scripts/bad_inputs.py --markdown docs/bad_inputs.md   # also write the table and its summary there
 
@@ -178,18 +178,20 @@ data_probe("csv latin-1 bytes", "d.csv", CSV.encode() + "caf\u00e9,2\n".encode("
 data_probe("csv whitespace-only prompt", "d.csv", CSV + "   ,2\n")
 data_probe("csv NUL byte", "d.csv", CSV.encode() + b"1+1=\x00,2\n")
 data_probe("parquet that is text", "d.parquet", CSV)
-data_probe("json object not array", "d.json", json.dumps({"rows": [json.loads(r) for r in ROWS.splitlines()]}, indent=2))
-data_probe("json object on one line", "d.json", json.dumps({"rows": [json.loads(r) for r in ROWS.splitlines()]}))
+AS_OBJECT = {"rows": [json.loads(row) for row in ROWS.splitlines()]}
+data_probe("json object not array", "d.json", json.dumps(AS_OBJECT, indent=2))
+data_probe("json object on one line", "d.json", json.dumps(AS_OBJECT))
 data_probe("json bool answer", "d.json", '[{"prompt": "1+1=", "answer": false}]')
-data_probe("jsonl blank line in the middle", "d.jsonl", ROWS[:len(ROWS) // 2] + "\n  \n" + ROWS[len(ROWS) // 2:], ok=True)
+HALF = len(ROWS) // 2
+data_probe("jsonl blank line in the middle", "d.jsonl", ROWS[:HALF] + "\n  \n" + ROWS[HALF:], ok=True)
 data_probe("jsonl trailing garbage line", "d.jsonl", ROWS + "EOF\n")
 data_probe("jsonl trailing garbage after an object", "d.jsonl", ROWS + '{"prompt": "1+1=", "answer": "2"} ,\n')
 data_probe("jsonl NUL byte", "d.jsonl", ROWS.encode() + b'{"prompt": "1+1=", "answer": "2"}\x00\n')
 data_probe("jsonl UTF-16", "d.jsonl", ROWS.encode("utf-16"))
 data_probe("jsonl gzip-compressed", "d.jsonl", __import__("gzip").compress(ROWS.encode()))
 data_probe("jsonl tab-newline prompt", "d.jsonl", ROWS + '{"prompt": "\\t\\n ", "answer": "2"}\n')
-data_probe("jsonl huge single line", "d.jsonl", ROWS + json.dumps({"prompt": "1+" * 5_000_000 + "1=", "answer": "1"}) + "\n",
-           ok=True)  # a 10 MB prompt: dropped as longer than the context, counted at start
+HUGE = json.dumps({"prompt": "1+" * 5_000_000 + "1=", "answer": "1"})  # a 10 MB prompt: dropped as too long
+data_probe("jsonl huge single line", "d.jsonl", ROWS + HUGE + "\n", ok=True)
 data_probe("jsonl one line holding an array", "d.jsonl", json.dumps([json.loads(r) for r in ROWS.splitlines()] * 5000))
 data_probe("jsonl prompt_key absent", "d.jsonl", ROWS, "data.prompt_key=question")
 data_probe("jsonl prompt_key = answer_key", "d.jsonl", ROWS, "data.answer_key=prompt")
@@ -198,7 +200,8 @@ data_probe("jsonl split of a file", "d.jsonl", ROWS, "data.split=validation")
 data_probe("jsonl eval_path missing", "d.jsonl", ROWS, "data.eval_path=test.jsonl")
 data_probe("jsonl eval_path empty", "d.jsonl", ROWS, "data.eval_path=test.jsonl", files={"test.jsonl": ""})
 data_probe("map_fn missing module", "d.jsonl", ROWS, "data.map_fn=nosuchmod:f")
-data_probe("map_fn syntax error", "d.jsonl", ROWS, "data.map_fn=mapmod:f", files={"mapmod.py": "def f(row)\n  return row\n"})
+data_probe("map_fn syntax error", "d.jsonl", ROWS, "data.map_fn=mapmod:f",
+           files={"mapmod.py": "def f(row)\n  return row\n"})
 data_probe("map_fn returns a list", "d.jsonl", ROWS, "data.map_fn=mapmod:f",
            files={"mapmod.py": "def f(row):\n  return [row['prompt'], row['answer']]\n"})
 data_probe("map_fn returns None", "d.jsonl", ROWS, "data.map_fn=mapmod:f",
@@ -238,7 +241,8 @@ probe("reward accuracy fn raises", "reward.fns=[exact_match]", "reward.accuracy=
 
 # ---- model folders (copies of the built-in tiny-adder, damaged)
 MODEL = ("model.path=m",)
-probe("model config.json not JSON", *MODEL, setup=lambda f: (copy_model(f) / "config.json").write_text("{model_type: qwen2"))
+probe("model config.json not JSON", *MODEL,
+      setup=lambda f: (copy_model(f) / "config.json").write_text("{model_type: qwen2"))
 probe("model config.json unknown model_type", *MODEL, setup=lambda f: copy_model(f, edit={"model_type": "nope"}))
 probe("model without weights", *MODEL, setup=lambda f: copy_model(f, drop=("*.safetensors",)))
 probe("model without tokenizer files", *MODEL, setup=lambda f: copy_model(f, drop=("tokenizer*",)))
@@ -384,7 +388,7 @@ table is written by
 
     python scripts/bad_inputs.py --markdown docs/bad_inputs.md
 
-(about 15 minutes on 2 cores; `--only TEXT` runs the probes whose name contains TEXT). Each probe runs
+(about 20 minutes on 2 cores; `--only TEXT` runs the probes whose name contains TEXT). Each probe runs
 `rlft train` with a short run ({short}) in a fresh temporary folder. Machine: {machine}. Date: {date}.
 
 {summary}
@@ -421,7 +425,8 @@ def main() -> None:
         args.jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
     print(f"{table(rows)}\n\n{summary(rows)}")
     if args.markdown:
-        machine = f"{os.cpu_count()} CPU cores, {platform.system()} {platform.machine()}, Python {platform.python_version()}"
+        machine = (f"{os.cpu_count()} CPU cores, {platform.system()} {platform.machine()}, "
+                   f"Python {platform.python_version()}")
         intro = MARKDOWN_INTRO.format(short=" ".join(SHORT), machine=machine, date=args.date, summary=summary(rows))
         args.markdown.write_text(intro + table(rows) + "\n")
 

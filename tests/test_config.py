@@ -176,7 +176,7 @@ ERRORS = [
     (["-m", "seed=0,1", "--cfg", "job"], "--cfg job prints one run's config: it does not combine with -m"),
     # what the config points at (preflight)
     (["model.path=/no/such/model"], "model.path '/no/such/model' does not exist"),
-    (["model.path=builtin:nope"], "no such built-in model (available: builtin:tiny-adder, builtin:tiny-moe)"),
+    (["model.path=builtin:nope"], "no such built-in model (available: builtin:tiny-adder, builtin:tiny-calculator, builtin:tiny-moe)"),
     (["data=dataset", "data.path=/no/such.jsonl"], "data file '/no/such.jsonl' does not exist"),
     (["model.path=/tmp/nope.gguf"], "model.path '/tmp/nope.gguf': no such GGUF file"),
     (["compute.attn_implementation=fast"], "compute.attn_implementation='fast' is not one of: eager, sdpa"),

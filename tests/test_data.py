@@ -330,7 +330,8 @@ def test_prompts_are_limited_to_what_fits_in_the_models_context_with_a_response(
 # ---- bad inputs found by scripts/bad_inputs.py (docs/bad_inputs.md) ----------------------------------------
 
 @pytest.mark.parametrize("name, content, message", [
-    ("n.csv", b"prompt,answer\n1+1=,2\n2+2=\x00,4\n", r"n\.csv:3: a NUL byte at column 5 \(a binary or damaged file\?\)"),
+    ("n.csv", b"prompt,answer\n1+1=,2\n2+2=\x00,4\n",
+     r"n\.csv:3: a NUL byte at column 5 \(a binary or damaged file\?\)"),
     ("n.jsonl", b'{"prompt": "1+1=", "answer": "2"}\n\x00\n', r"n\.jsonl:2: a NUL byte at column 1"),
 ])
 def test_a_nul_byte_is_refused_with_its_line(tmp_path, name, content, message):

@@ -384,7 +384,8 @@ def test_a_model_folder_without_tokenizer_files_is_one_line(tmp_path):
 def test_a_user_module_that_calls_sys_exit_on_import_is_named(tmp_path, monkeypatch):
     (tmp_path / "exits_on_import.py").write_text("import sys\nsys.exit(3)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(ConfigError, match=r"importing 'exits_on_import' raised SystemExit: 3 \(.*exits_on_import.py:2\)"):
+    with pytest.raises(ConfigError, match=r"importing 'exits_on_import' raised SystemExit: 3 "
+                                          r"\(.*exits_on_import.py:2\)"):
         import_function("exits_on_import:f", "reward")
 
 
@@ -483,7 +484,8 @@ def test_a_malformed_omp_num_threads_is_one_line_before_torch_loads():
     proc = subprocess.run([sys.executable, "-m", "rlft.cli", "train"], cwd=ROOT, capture_output=True, text=True,
                           env=os.environ | {"OMP_NUM_THREADS": "two"}, timeout=120)
     assert proc.returncode == 2  # not libgomp's "Invalid value for environment variable OMP_NUM_THREADS" first
-    assert proc.stderr == "rlft: error: the OMP_NUM_THREADS environment variable must be a whole number >= 1 (got 'two')\n"
+    assert proc.stderr == ("rlft: error: the OMP_NUM_THREADS environment variable must be a whole number >= 1 "
+                           "(got 'two')\n")
 
 
 def test_a_dataset_folder_with_a_readme_and_no_data_is_one_line(tmp_path):
