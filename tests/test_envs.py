@@ -291,9 +291,9 @@ def test_the_readme_environment_works_as_written(tmp_path, monkeypatch):
     """The README's example environment (myenv.py), as printed there: its tool is called, its reward counted."""
     from conftest import ROOT
     readme = (ROOT / "README.md").read_text()
-    block = readme.split("    # myenv.py\n", 1)[1].split("\n\n    The reward functions", 1)[0]
-    block = block.split("\nThe reward functions", 1)[0]
-    code = "\n".join(line[4:] for line in block.splitlines())
+    lines = readme.split("    # myenv.py\n", 1)[1].splitlines()
+    end = next(i for i, line in enumerate(lines) if line.strip() and not line.startswith("    "))
+    code = "\n".join(line[4:] for line in lines[:end])  # the indented block, up to the next paragraph
     assert len([line for line in code.splitlines() if line.strip()]) < 30  # the README promises under 30 lines
     (tmp_path / "myenv.py").write_text(code)
     monkeypatch.syspath_prepend(str(tmp_path))

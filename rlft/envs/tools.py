@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ast
 import inspect
-import json
 import operator
 import re
 import time
@@ -25,9 +24,9 @@ from typing import Any, Callable, get_type_hints
 from rlft.envs.base import ToolCall, ToolResult
 from rlft.errors import ConfigError
 from rlft.registry import Registry, import_function
+from rlft.rewards import as_tool_output
 
 TOOLS: Registry[Callable] = Registry("tool")
-MAX_OUTPUT_CHARS = 4000  # a tool's output beyond this is cut (its tail dropped), so one call cannot flood the context
 
 
 @TOOLS.register("calculator")
@@ -134,20 +133,6 @@ def tool_schema(fn: Callable) -> dict[str, Any]:
     return {"type": "function", "function": {"name": fn.__name__, "description": summary,
                                              "parameters": {"type": "object", "properties": properties,
                                                             "required": required}}}
-
-
-def as_tool_output(value: Any) -> str:
-    """A tool returns text; numbers, bools and JSON-able lists and dicts are written as JSON. None and other
-    objects are refused (TypeError), so a tool that forgot to return is an error, not an empty observation."""
-    if isinstance(value, str):
-        text = value
-    elif isinstance(value, (bool, int, float, list, dict)):
-        text = json.dumps(value)
-    else:
-        raise TypeError(f"returned {type(value).__name__} {value!r:.100}: a tool returns its output as a str")
-    if len(text) > MAX_OUTPUT_CHARS:
-        text = text[:MAX_OUTPUT_CHARS] + f"... [{len(text) - MAX_OUTPUT_CHARS} more characters cut]"
-    return text
 
 
 # ---- running a batch of calls -----------------------------------------------------------------------

@@ -13,11 +13,14 @@ the sample rather than a silently wrong reward:
 - or a non-empty dict of such numbers under str keys: the parts.
 Every value must be finite. Across one function's batch (rlft.rewards.scorer) the samples must agree: all
 numbers, or all dicts with the same keys; a sample that differs is that sample's error.
+
+Tools of multi-turn environments (rlft.envs) run in the same worker pool; `as_tool_output` checks theirs.
 """
 
 from __future__ import annotations
 
 import inspect
+import json
 import math
 import numbers
 from typing import Any, Callable
@@ -84,3 +87,21 @@ def _part_name(key: Any) -> str:
     if not isinstance(key, str):
         raise TypeError(f"returned a dict with the key {key!r} ({type(key).__name__}): a part's name is a str")
     return key
+
+
+# A tool's output beyond this is cut (its tail dropped), so one call cannot flood the context.
+MAX_TOOL_OUTPUT_CHARS = 4000
+
+
+def as_tool_output(value: Any) -> str:
+    """A tool returns text; numbers, bools and JSON-able lists and dicts are written as JSON. None and other
+    objects are refused (TypeError), so a tool that forgot to return is an error, not an empty observation."""
+    if isinstance(value, str):
+        text = value
+    elif isinstance(value, (bool, int, float, list, dict)):
+        text = json.dumps(value)
+    else:
+        raise TypeError(f"returned {type(value).__name__} {value!r:.100}: a tool returns its output as a str")
+    if len(text) > MAX_TOOL_OUTPUT_CHARS:
+        text = text[:MAX_TOOL_OUTPUT_CHARS] + f"... [{len(text) - MAX_TOOL_OUTPUT_CHARS} more characters cut]"
+    return text

@@ -144,7 +144,7 @@ class RewardPool:
 
     def run_tools(self, calls: dict[int, tuple[str, dict[str, Any]]]) -> dict[int, Outcome]:
         """Tool calls {key: (import path, arguments)}: each function called with exactly its arguments, its
-        result text (rlft.envs.tools.as_tool_output) or error in Outcome; {key: Outcome}."""
+        result text (rlft.rewards.as_tool_output) or error in Outcome; {key: Outcome}."""
         keys = list(calls)
         with self._lock:
             outcomes = self._run(_Batch([calls[k][0] for k in keys], [calls[k][1] for k in keys], [None] * len(keys),
@@ -334,8 +334,6 @@ def _worker_main(conn: Connection, timeout_s: float, memory_mb: int, trainer_pid
         fn = resolved.get(call.fn_name)
         if fn is None:
             try:
-                if call.tool:  # rlft.envs too (its as_tool_output), within the import's allowance
-                    import rlft.envs.tools  # noqa: F401
                 fn = resolved[call.fn_name] = (import_function(call.fn_name, "tool") if call.tool
                                                else resolve_reward(call.fn_name))
             except (Exception, SystemExit) as err:  # a MemoryError or an exit at import is the call's too
@@ -354,7 +352,7 @@ def _timed_call(call: _Call, fn, timeout_s: float, memory_mb: int) -> _Done:
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
         if call.tool:
-            from rlft.envs.tools import as_tool_output
+            from rlft.rewards import as_tool_output
             return _Done(call.index, Outcome(value=as_tool_output(value)))
         return _Done(call.index, Outcome(value=as_reward(value)))
     except _CallTimeout:
