@@ -101,8 +101,9 @@ class Loop:
                            max_new_tokens=rollout.max_new_tokens),
             tokenizer.pad_token_id, prompts_per_step=cfg.trainer.prompts_per_step,
             dynamic_sampling=algo.dynamic_sampling, max_sampling_rounds=algo.max_sampling_rounds, overlong=overlong,
-            collect_ahead=rollout.async_steps == 1, sleep=getattr(rollout, "enable_sleep_mode", False),
-            weights_version=self.start_step,
+            max_staleness=rollout.staleness, sync_point=self.checkpoint_due,
+            sleep=getattr(rollout, "enable_sleep_mode", False),
+            weights_version=self.start_step, chunk_tokens=rollout.partial_chunk,
             episodes=prepared.episodes.runner(engine) if prepared.episodes is not None else None)
         if state is not None:
             rng = state.rollout_rng  # [workers, S] from a run with several rollout workers
@@ -117,8 +118,8 @@ class Loop:
         algo, clock = self.cfg.algo, Stopwatch()
 
         # ---- 1-3. Sample prompts, generate a group of responses each, score them. Dynamic sampling keeps
-        #           only mixed groups; with async_steps=1 this batch was collected during the last update.
-        groups = self.collector.collect(ahead=not self.checkpoint_due(step))
+        #           only mixed groups; with max_staleness k > 0 this batch was collected during earlier updates.
+        groups = self.collector.collect(step)
         if groups.num_groups == 0:  # every group was all-equal: nothing to learn from this step
             self.monitor.log(collected_row(step, groups) | {"perf/step_seconds": clock.total()})
             return self.end_of_step(step)
@@ -216,6 +217,7 @@ class Loop:
 
     def evaluate(self, step: int) -> None:
         """Greedy decoding on the held-out problems."""
+        self.collector.catch_up(self.learner)  # the learner's current weights, whatever k
         completions, scores, episodes = self.collector.evaluate(self.prepared.held_out, self.cfg.rollout.max_new_tokens)
         self.monitor.log(eval_row(step, self.prepared.held_out, completions, scores, episodes))
 

@@ -58,6 +58,9 @@ class Rollout:
     # episode the response also holds observation tokens (tool output, the environment's messages): the
     # learner reads them as context (response_mask) but never trains on them (sampled_mask 0).
     sampled_mask: torch.Tensor | None = None
+    # [N, R] long, the weights version (learner updates) that sampled each response token, 0 on padding; None:
+    # all of one version (ScoredGroups.weights_version). Set by partial rollouts, whose responses span versions.
+    versions: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -100,6 +103,9 @@ class Rollout:
             routes = torch.cat([torch.cat([pad(r.routes[:, :r.prompt_ids.shape[1]], p, 0, True),
                                            pad(r.routes[:, r.prompt_ids.shape[1]:], w, 0, False)], dim=1)
                                 for r in parts])
+        versions = None
+        if all(r.versions is not None for r in parts):
+            versions = torch.cat([pad(r.versions, w, 0, False) for r in parts])
         return Rollout(
             prompt_ids=torch.cat([pad(r.prompt_ids, p, pad_id, True) for r in parts]),
             prompt_mask=torch.cat([pad(r.prompt_mask, p, 0, True) for r in parts]),
@@ -109,6 +115,7 @@ class Rollout:
             truncated=torch.cat([r.truncated for r in parts]),
             routes=routes,
             sampled_mask=sampled,
+            versions=versions,
         )
 
 
@@ -163,8 +170,13 @@ class ScoredGroups:
     dropped_groups: int = 0     # groups dropped by dynamic sampling (all rewards equal)
     generate_seconds: float = 0.0
     reward_seconds: float = 0.0
-    weights_version: int = 0    # learner updates in the weights that generated the rollout
+    weights_version: int = 0    # learner updates in the (oldest) weights that generated the rollout
     staleness: int = 0          # learner updates since then, when the trainer takes the groups
+    # [k + 1] share of the sampled tokens 0, 1, ..., k versions old when the trainer takes them
+    staleness_histogram: list[float] = field(default_factory=list)
+    stale_dropped: int = 0      # partial rollouts: groups dropped for a token more than k versions old
+    carried_groups: int = 0     # partial rollouts: groups begun in an earlier step's generation
+    passes: int = 1             # engine passes of the collection (partial rollouts: chunks)
 
     @property
     def num_groups(self) -> int:
@@ -184,7 +196,15 @@ class LossSettings:
     max_response_len: int              # L_max, for seq_mean_token_sum_norm
     kl_coef: float = 0.0               # the KL term in the loss (0 when it goes into the reward instead)
     kl_estimator: str = "k3"           # a registered estimator (KL_ESTIMATORS)
-    tis_cap: float | None = None       # truncated importance sampling on the engine's log-probs; None = off
+    objective: str = "ppo_clip"        # a registered objective (OBJECTIVES); the rest of its keys below
+    tau_pos: float = 1.0               # sapo: gate temperature for A > 0
+    tau_neg: float = 1.05              # sapo: for A <= 0
+    kl_cov_frac: float = 2e-3          # kl_cov: share of the tokens that get the KL term
+    kl_cov_coef: float = 1.0           # kl_cov: its weight
+    correction: str | None = None      # a registered rollout correction (rlft.algos.corrections); None = off
+    correction_low: float = 0.5        # the masks' ratio band [low, high]
+    correction_high: float = 2.0
+    correction_cap: float = 2.0        # truncated IS: the weight cap C
 
 
 @dataclass
@@ -242,6 +262,7 @@ class UpdateStats:
     routing: RoutingStats | None = None  # mixture-of-experts policies only
     skipped_updates: int = 0           # optimizer steps not applied: their loss or gradient norm was not finite
     nonfinite: str | None = None       # the first non-finite quantity of those, e.g. "loss = nan"
+    named: dict[str, float] = field(default_factory=dict)  # policy_loss's namespaced metrics, logged as named
 
 
 @dataclass(frozen=True)
@@ -286,6 +307,10 @@ class Learner(Protocol):
         """ppo_epochs optimizer steps on the batch, with this step's loss settings and learning rate."""
 
     def push_weights(self, engine: RolloutEngine) -> SyncStats: ...
+
+    def snapshot_weights(self) -> dict[str, torch.Tensor]:
+        """A copy of what push_weights sends, for an engine that takes it later (rollout.max_staleness >= 2;
+        the in-process learner only)."""
 
     def save_checkpoint(self, run_dir: Path, state: TrainerState, keep: int) -> None: ...
 

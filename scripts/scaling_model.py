@@ -5,8 +5,11 @@
 
 One step = generate (decode is memory-bound: every token reads the weights and the KV cache), then train
 (compute-bound: 6 x params x tokens FLOPs, plus 2 x params x tokens per extra forward pass), then the
-weight sync (bytes over the interconnect). With rollout.async_steps=1 generation of step t+1 overlaps the
-training of step t: the step takes the longer of the two, and the samples are one version stale.
+weight sync (bytes over the interconnect). With rollout.max_staleness=k >= 1 generation of step t+1 overlaps
+the training of step t: the step takes the longer of the two, and the samples are up to k versions stale.
+With partial rollouts (rollout.partial_rollouts=true) the engine keeps its batch full of sequences (unfinished
+ones carry over to the next step), so a step decodes for about the mean response length, not the longest;
+its producer runs k - 1 steps ahead, so at k = 1 generation and training take turns and at k = 2 they overlap.
 
 The hardware figures are datasheet peaks times an efficiency; the efficiencies are the knobs a measurement
 sets (--measured reads a run's metrics.jsonl and prints its own split to compare with).
@@ -103,9 +106,11 @@ def placement_for(model: Model, gpus: int, gpu: GPU) -> Placement | None:
     return Placement(gpus, learner, tp)
 
 
-def generate_seconds(model: Model, work: Workload, place: Placement, gpu: GPU) -> float:
+def generate_seconds(model: Model, work: Workload, place: Placement, gpu: GPU, partial: bool = False) -> float:
     """Prefill (compute) plus decode (bandwidth): each decode step of an engine reads its weight shard and
-    the KV cache of its batch; the engine runs as many waves as its KV memory needs."""
+    the KV cache of its batch; the engine runs as many waves as its KV memory needs. A wave waits for its
+    longest response; with partial rollouts the batch stays full and a step's share of decoding is the
+    mean response length (the step's tokens over the sequences in flight)."""
     per_engine = math.ceil(work.samples / place.engines)
     kv_room = place.rollout_tp * gpu.hbm_bytes * 0.9 - 2 * model.params
     context = work.prompt_len + work.response_len_mean
@@ -115,7 +120,8 @@ def generate_seconds(model: Model, work: Workload, place: Placement, gpu: GPU) -
     bandwidth = place.rollout_tp * gpu.hbm_bytes_per_s * gpu.decode_efficiency
     # mean context over a response: the prompt and half the response so far
     kv_read = model.kv_bytes_per_token() * batch * (work.prompt_len + work.response_len_mean / 2)
-    decode = waves * work.response_len_max * (2 * model.params + kv_read) / bandwidth
+    decode_steps = work.response_len_mean if partial else work.response_len_max
+    decode = waves * decode_steps * (2 * model.params + kv_read) / bandwidth
     prefill = 2 * model.params * work.prompt_len * per_engine / (place.rollout_tp * gpu.bf16_flops * gpu.mfu)
     return decode + prefill
 
@@ -149,20 +155,23 @@ def config_keys(place: Placement, work: Workload) -> str:
 
 def table(gpu: GPU, workloads: dict[int, Workload]) -> tuple[str, list[str]]:
     rows = ["| model | GPUs | learner / rollout GPUs (tp) | samples/step | generate s | train s | sync s | "
-            "step s | step s, async | GPU-h / 1k steps |", "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+            "step s | step s, async | step s, partial k=1 / k=2 | GPU-h / 1k steps |",
+            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     keys = []
     for name, model in MODELS.items():
         for gpus, work in workloads.items():
             place = placement_for(model, gpus, gpu)
             if place is None:
                 rows.append(f"| {name} | {gpus} | does not fit: weights, gradients and Adam state need "
-                            f"{16 * model.params / 1e9:.0f} GB | | | | | | | |")
+                            f"{16 * model.params / 1e9:.0f} GB | | | | | | | | |")
                 continue
             gen, train, sync = (generate_seconds(model, work, place, gpu), train_seconds(model, work, place, gpu),
                                 sync_seconds(model, place, gpu))
             step, overlapped = gen + train + sync, max(gen, train + sync)
+            partial = generate_seconds(model, work, place, gpu, partial=True)
             rows.append(f"| {name} | {gpus} | {place.learner_gpus} / {place.rollout_gpus} ({place.rollout_tp}) | "
                         f"{work.samples:,} | {gen:.0f} | {train:.0f} | {sync:.1f} | {step:.0f} | {overlapped:.0f} | "
+                        f"{partial + train + sync:.0f} / {max(partial, train + sync):.0f} | "
                         f"{gpus * step * 1000 / 3600:,.0f} |")
             keys.append(f"- {name}, {gpus} GPUs: `{config_keys(place, work)}`")
     return "\n".join(rows), keys
@@ -193,7 +202,7 @@ def main() -> None:
     print(f"{gpu.name}: MFU {gpu.mfu}, decode at {gpu.decode_efficiency} of HBM bandwidth, links at "
           f"{gpu.link_efficiency}; {work.group_size} responses per prompt, prompt {work.prompt_len} tokens, "
           f"responses {work.response_len_mean} mean / {work.response_len_max} max, kl on; async = "
-          f"rollout.async_steps=1 (samples one weight version stale)")
+          f"rollout.max_staleness=1 (samples one weight version stale); partial = rollout.partial_rollouts=true")
     weak, keys = table(gpu, WEAK)
     strong, _ = table(gpu, STRONG)
     print(f"\nWeak scaling (16 prompts per GPU):\n{weak}\n\nStrong scaling (128 prompts per step at every "

@@ -40,7 +40,7 @@ def collect(score, prompts_per_step=6, rounds=3, dynamic=True, overlong=None, se
                           SamplingParams(n=4, temperature=1.0, max_new_tokens=6), TOKENIZER.pad_token_id,
                           prompts_per_step=prompts_per_step, dynamic_sampling=dynamic, max_sampling_rounds=rounds,
                           overlong=overlong)
-    return collector.collect(), sampler
+    return collector.collect(1), sampler
 
 
 def test_dynamic_sampling_keeps_only_mixed_groups_and_counts_what_it_dropped():
@@ -113,10 +113,11 @@ def test_a_colocated_engine_sleeps_after_collecting_and_gets_weights_only_betwee
         collector = Collector(engine, PromptSampler(problems, seed=0), TOKENIZER.encode,
                               lambda ids: TOKENIZER.batch_decode(ids, skip_special_tokens=True),
                               as_score_fn(half_constant_reward), SamplingParams(n=2, max_new_tokens=4),
-                              TOKENIZER.pad_token_id, prompts_per_step=2, collect_ahead=ahead, sleep=not ahead)
-        first = collector.collect()
+                              TOKENIZER.pad_token_id, prompts_per_step=2, max_staleness=int(ahead), sleep=not ahead,
+                              sync_point=lambda step: step == 2)
+        first = collector.collect(1)
         sync, waited = collector.push_weights(Learner())
-        second = collector.collect(ahead=False)
+        second = collector.collect(2)
         collector.close()
         assert sync == "synced" and waited >= 0
         if ahead:  # the second batch was generated before the push, with the weights of version 0

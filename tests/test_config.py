@@ -62,10 +62,12 @@ def leaves(node: DictConfig, prefix: str = "") -> list[str]:
     return out
 
 
-def test_the_default_config_has_fewer_than_60_keys(rlft):
+def test_the_default_config_stays_small(rlft):
+    """Under 60 keys until the off-policy issue's objective, correction, staleness and partial-rollout keys (66 now): a key is
+    added only where a run needs it, and sections that are off are one null key."""
     printed = OmegaConf.create(rlft("train", "--cfg", "job").stdout)
     count = len(leaves(OmegaConf.merge(compose([])[0], printed)))
-    assert count < 60, count
+    assert count <= 66, count
 
 
 @pytest.mark.parametrize("group,option", group_options())
@@ -154,6 +156,21 @@ ERRORS = [
     (["rollout.async_steps=2"], "rollout.async_steps must be 0 (on-policy) or 1 (one step ahead) (got 2)"),
     (["rollout=vllm", "rollout.enable_sleep_mode=true", "rollout.async_steps=1"],
      "rollout.async_steps=1 generates while the learner trains, so the engine cannot sleep"),
+    (["rollout=vllm", "rollout.enable_sleep_mode=true", "rollout.max_staleness=3"],
+     "rollout.max_staleness=3 generates while the learner trains, so the engine cannot sleep"),
+    (["rollout.max_staleness=-1"], "rollout.max_staleness must be >= 0 (got -1)"),
+    (["rollout.async_steps=1", "rollout.max_staleness=2"], "rollout.async_steps=1 is rollout.max_staleness=1, and"),
+    (["hardware=cpu_ray", "rollout.max_staleness=2"], "rollout.max_staleness=2 with Ray actors (hardware.ray) is not"),
+    (["rollout.partial_rollouts=true"], "rollout.partial_rollouts=true continues responses under the next weights"),
+    (["rollout.chunk_tokens=2"], "rollout.chunk_tokens=2 is for partial rollouts only"),
+    (["rollout.partial_rollouts=true", "rollout.max_staleness=1", "rollout.chunk_tokens=0"],
+     "rollout.chunk_tokens must be >= 1 (got 0)"),
+    (["rollout.partial_rollouts=true", "rollout.max_staleness=1", "rollout.chunk_tokens=8"],
+     "rollout.chunk_tokens=8 is not below rollout.max_new_tokens=8"),
+    (["rollout.partial_rollouts=true", "rollout.max_staleness=1", "algo=dapo"],
+     "rollout.partial_rollouts=true with algo.dynamic_sampling is not built yet"),
+    (["rollout.partial_rollouts=true", "rollout.max_staleness=1", "env=calculator", "model=tiny_calculator",
+      "data=calculator"], "rollout.partial_rollouts=true with multi-turn episodes (env) is not built yet"),
     (["rollout=vllm", "rollout.weight_sync=nccl"], "rollout.weight_sync='nccl' is not one of: rpc, broadcast"),
     (["rollout=vllm", "rollout.gpu_memory_utilization=1.5"], "rollout.gpu_memory_utilization must be in (0, 1]"),
     (["hardware=cpu_ray", "hardware.learner_ranks=1", "hardware.fsdp=true"],
@@ -169,7 +186,8 @@ ERRORS = [
     (["trainer.profile_steps=[2,"], "trainer.profile_steps takes a list of step numbers, e.g. [2,5] (got '[2,')"),
     # what rlft train takes: group options by name, its own flags, no deletions
     (["data=null"], "data= takes the name of one of its options (arithmetic, calculator, countdown, dataset"),
-    (["algo=[grpo,dapo]"], "algo= takes the name of one of its options (dapo, grpo, gspo); got '[grpo,dapo]'"),
+    (["algo=[grpo,dapo]"], "algo= takes the name of one of its options (cispo, dapo, gmpo, grpo, gspo, kl_cov, "
+                           "reinforce_pp, rloo, sapo); got '[grpo,dapo]'"),
     (["~algo.kl_coef"], "'~algo.kl_coef': rlft keys cannot be deleted; set the key instead (algo.kl_coef=VALUE)"),
     (["--cfg", "hydra"], "--cfg takes 'job' (rlft train --cfg job prints the composed config); got 'hydra'"),
     (["--resolve"], "rlft train does not take '--resolve' (its flags: -m, --cfg job, --profile, --help [KEY])"),
@@ -222,7 +240,7 @@ def test_help_of_a_key_gives_its_type_value_choices_and_help(rlft):
     out = rlft("train", "--help", "data.path").stdout  # a key of another option: shown there
     assert "data.path is a key of data=dataset" in out and "data.path: str" in out and "??? (required)" in out
     out = rlft("train", "--help", "algo").stdout  # a group: its keys with a line of help each
-    assert "algo.eps_high" in out and "clip" in out and "others: dapo, gspo" in out
+    assert "algo.eps_high" in out and "clip" in out and "others: cispo, dapo, gmpo, gspo, kl_cov" in out
     assert "compute.layout" in rlft("train", "--help", "compute").stdout
     assert "data" in rlft("train", "--help").stdout
     out = rlft("train", "--help", "model.lora.r").stdout  # a key of a section that is off

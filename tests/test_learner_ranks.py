@@ -27,7 +27,8 @@ def train(learner: Policy, batch, settings=(SETTINGS, SETTINGS_DAPO, SETTINGS)) 
     for s in settings:
         stats = asdict(learner.update(batch, s, lr=1e-3))
         routing = stats.pop("routing") or {}
-        rows.append(stats | {f"routing_{k}": v for k, v in routing.items()})
+        named = stats.pop("named")  # the objective's and correction's own metrics
+        rows.append(stats | {f"routing_{k}": v for k, v in routing.items()} | {f"named_{k}": v for k, v in named.items()})
     return rows
 
 

@@ -1,5 +1,5 @@
-"""model.lora: only the adapters train and are checkpointed; rollout engines and the final model get the
-merged weights, under their Hugging Face names."""
+"""model.lora: only the adapters train and are checkpointed; the HF engine and the final model get the
+merged weights, under their Hugging Face names; vLLM the adapter alone (tests/test_vllm_engine.py)."""
 
 import copy
 import json
@@ -48,3 +48,17 @@ def test_a_lora_run_trains_adapters_and_syncs_merged_weights(rlft, tmp_path):
     assert not torch.equal(final["model.layers.0.self_attn.q_proj.weight"],
                            start["model.layers.0.self_attn.q_proj.weight"])
     assert json.loads((run / "final_model" / "config.json").read_text())["model_type"] == "qwen2"
+
+
+def test_the_learner_sends_vllm_the_adapter_and_the_hf_engine_merged_weights():
+    from rlft.config.compose import compose, to_run_config
+    from rlft.learner.local import LocalLearner
+
+    def sent(*overrides):
+        dcfg, choices = compose(["model.lora.r=4", *overrides])
+        return LocalLearner(to_run_config(dcfg, choices), str(PATH)).rollout_weights()
+
+    to_vllm, to_hf = sent("rollout=vllm"), sent()
+    assert to_vllm and all(name.endswith((".lora_A.weight", ".lora_B.weight")) for name in to_vllm)
+    assert "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight" in to_vllm  # peft's saved names
+    assert set(to_hf) == set(load_file(f"{PATH}/model.safetensors")) - {"lm_head.weight"}

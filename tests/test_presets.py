@@ -69,6 +69,10 @@ LOSS_KEYS = {
     "kl_estimator=k2": "kl_estimator=k3",
     "kl_in_reward=true": "kl_in_reward=false",
     "tis_cap=2.0": "tis_cap=null",
+    "objective=cispo": "objective=ppo_clip",
+    "objective=sapo": "objective=ppo_clip",
+    "correction.kind=icepop": "correction=null",
+    "correction.kind=seq_tis": "correction=null",
 }
 NEEDS = {"clip_ratio_c=1.5": ["ratio_level=token"], "kl_estimator=k2": ["kl_coef=0.1"],
          "kl_estimator=k3": ["kl_coef=0.1"], "kl_in_reward=true": ["kl_coef=0.1"],

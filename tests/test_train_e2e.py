@@ -95,21 +95,34 @@ def assert_same_run(straight, resumed) -> None:
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_async_steps_trains_one_version_behind_and_resumes_exactly(rlft, tmp_path):
-    budget = [*TINY_RUN, "trainer.steps=5", "trainer.eval_every=2", "trainer.save_every=3", "rollout.async_steps=1",
-              "algo.tis_cap=2"]
+# k = 1 (by its older name): step 1 has nothing collected ahead; no batch is collected across the checkpoint
+# of step 3. k = 2: batches 2-4 come from weights 0, 0, 1; none across the checkpoint of step 4; batches 5-7
+# from the step-4 weights (the evaluation of step 6 does not change a queued batch).
+@pytest.mark.parametrize("ahead,steps,eval_every,save_every,staleness", [
+    ("rollout.async_steps=1", 5, 2, 3, [0, 1, 1, 0, 1]),
+    ("rollout.max_staleness=2", 7, 3, 4, [0, 1, 2, 2, 0, 1, 2]),
+    # partial rollouts, k = 2: new tokens one version behind, carried ones two; the checkpoint of step 4
+    # drains the responses in flight, so step 5 starts fresh from the step-4 weights
+    ("rollout.max_staleness=2 rollout.partial_rollouts=true rollout.chunk_tokens=1", 6, 3, 4, [0, 1, 2, 2, 0, 1]),
+])
+def test_generating_ahead_keeps_its_schedule_and_resumes_exactly(rlft, tmp_path, ahead, steps, eval_every, save_every,
+                                                                 staleness):
+    budget = [*TINY_RUN, f"trainer.steps={steps}", f"trainer.eval_every={eval_every}",
+              f"trainer.save_every={save_every}", *ahead.split(), "algo.tis_cap=2"]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     rlft("train", f"hydra.run.dir={straight}", *budget)
     rows = [r for r in read_metrics(straight) if r.get("kind") != "eval"]
-    # Step 1 has nothing collected ahead; no batch is collected across the checkpoint of step 3.
-    assert [r["rollout/staleness"] for r in rows] == [0, 1, 1, 0, 1]
-    # A batch one version behind came from other weights than the learner's: their log-probs differ by far
+    assert [r["rollout/staleness"] for r in rows] == staleness
+    # A batch versions behind came from other weights than the learner's: their log-probs differ by far
     # more than the round-off between engine and learner on the same weights.
     fresh = [r["rollout/logprob_diff_mean"] for r in rows if r["rollout/staleness"] == 0]
-    stale = [r["rollout/logprob_diff_mean"] for r in rows if r["rollout/staleness"] == 1]
+    stale = [r["rollout/logprob_diff_mean"] for r in rows if r["rollout/staleness"] == max(staleness)]
     assert max(fresh) < 1e-4 and min(stale) > 10 * max(fresh), (fresh, stale)
+    if "partial" in ahead:  # responses continued across a weight push, and the token ages say so
+        assert sum(r["rollout/carried_groups"] for r in rows) > 0
+        assert all(r["staleness/tokens_2"] > 0 for r in rows if r["rollout/staleness"] == 2)
 
-    rlft("train", f"hydra.run.dir={resumed}", *budget, "trainer.exit_after_step=3")
+    rlft("train", f"hydra.run.dir={resumed}", *budget, f"trainer.exit_after_step={save_every}")
     rlft("train", f"resume={resumed}")
     assert deterministic(read_metrics(resumed)) == deterministic(read_metrics(straight))
 

@@ -2,10 +2,12 @@
 
 These tests also guard the vLLM version pin: they call every vLLM API rlft uses (LLM construction options,
 TokensPrompt, SamplingParams with logprobs, collective_rpc("reload_weights"), the worker extension,
-reset_prefix_cache), so an upgrade that changes one of them fails here first.
+reset_prefix_cache, enable_lora with LoRARequest, add_lora and the workers' adapter cache), so an upgrade that
+changes one of them fails here first.
 """
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,8 +16,10 @@ from conftest import push_weights
 from rlft.algos.advantages import group_advantages
 from rlft.data.arithmetic import addition_problem
 from rlft.learner.logprobs import response_logprobs
+from rlft.config.model import LoraSettings
 from rlft.learner.policy import Policy
 from rlft.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
+from rlft.models.lora import adapter_weights, with_lora
 from rlft.rollout.hf_engine import HFEngine
 from rlft.rollout.vllm_engine import vllm_available
 from rlft.types import LossSettings, SamplingParams, TrainBatch
@@ -121,6 +125,96 @@ def test_every_kind_of_weight_arrives_tied_embeddings_included(parts, part):
                                      rollout.response_mask)
     push_weights(load_causal_lm(path, "float32", "cpu"), engine)
     assert (learner_logp - rollout.logprobs).abs().max() < LOGPROB_TOLERANCE
+
+
+# ---- model.lora: vLLM takes the adapter alone, under a new id each sync, and checks that its workers hold it
+
+LORA = LoraSettings(r=4, alpha=8.0)
+
+
+@pytest.fixture(scope="module")
+def lora_engine(parts):
+    from rlft.rollout.vllm_engine import VLLMEngine
+    path, tokenizer, _, _ = parts
+    return VLLMEngine(str(path), "float32", seed=0, pad_id=tokenizer.pad_token_id, lora=LORA)
+
+
+def trained_adapter(path, seed: int):
+    """The policy with its adapter moved as training would move it (peft starts B at zero: no change)."""
+    torch.manual_seed(seed)  # peft's random A
+    model = with_lora(load_causal_lm(path, "float32", "cpu"), LORA)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".lora_" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+def test_a_lora_sync_sends_the_adapter_alone_and_vllm_serves_base_plus_adapter(parts, lora_engine):
+    path, tokenizer, prompts, _ = parts
+    served = texts(tokenizer, lora_engine.generate(prompts, GREEDY))  # no adapter yet: the base model
+    assert served == texts(tokenizer, hf_engine(load_causal_lm(path, "float32", "cpu"), tokenizer)
+                           .generate(prompts, GREEDY))
+    for seed in (1, 2):  # the second adapter must replace the first, not be served from vLLM's cache
+        model = trained_adapter(path, seed)
+        sent = adapter_weights(model)
+        assert sent and all(".lora_A." in name or ".lora_B." in name for name in sent)
+        lora_engine.update_weights(sent.items())
+        merged = copy.deepcopy(model).merge_and_unload()  # peft's own merge: what the HF engine would get
+        greedy = texts(tokenizer, lora_engine.generate(prompts, GREEDY))
+        assert greedy == texts(tokenizer, hf_engine(merged, tokenizer).generate(prompts, GREEDY))
+        assert greedy != served
+        served = greedy
+        rollout = lora_engine.generate(prompts[:8], SamplingParams(n=2, temperature=1.0, max_new_tokens=6))
+        with torch.no_grad():
+            learner_logp = response_logprobs(merged, rollout.prompt_ids, rollout.prompt_mask, rollout.response_ids,
+                                             rollout.response_mask)
+        assert (learner_logp - rollout.logprobs).abs().max() < LOGPROB_TOLERANCE
+    folder = Path(lora_engine.adapter.lora_path)
+    assert [p.name for p in folder.parent.iterdir()] == [folder.name]  # older adapters' folders are gone
+
+
+def test_the_lora_sync_check_fires_when_the_adapter_does_not_reach_vllm(parts, lora_engine, monkeypatch):
+    from vllm.lora.request import LoRARequest
+    path = parts[0]
+    lora_engine.update_weights(adapter_weights(trained_adapter(path, 3)).items())
+    served = lora_engine.adapter
+    fresh = adapter_weights(trained_adapter(path, 4))
+    monkeypatch.setattr(lora_engine, "_deliver", lambda request: None)  # the push to vLLM's workers skipped
+    with pytest.raises(RuntimeError, match="does not serve LoRA adapter rlft-v.*: it holds no adapter under that id"):
+        lora_engine.update_weights(fresh.items())
+    # the workers load an older adapter under the new id
+    monkeypatch.setattr(lora_engine, "_deliver", lambda request: lora_engine.llm.llm_engine.add_lora(
+        LoRARequest(request.lora_name, request.lora_int_id, served.lora_path)))
+    with pytest.raises(RuntimeError, match="does not serve LoRA adapter rlft-v.*: it holds other tensors"):
+        lora_engine.update_weights(fresh.items())
+    assert lora_engine.adapter == served  # generation stays with the last adapter that passed
+    monkeypatch.undo()
+    lora_engine.update_weights(fresh.items())
+    assert lora_engine.adapter.lora_int_id > served.lora_int_id + 2  # ids of failed syncs are not reused
+
+
+def test_an_engine_refuses_weights_of_the_other_kind(parts, lora_engine):
+    path, _, _, engine = parts
+    merged = [(name, p.detach()) for name, p in load_causal_lm(path, "float32", "cpu").named_parameters()]
+    with pytest.raises(ValueError, match="takes the LoRA adapter's tensors alone, got model.embed_tokens.weight"):
+        lora_engine.update_weights(merged)
+    with pytest.raises(ValueError, match="started without model.lora"):
+        engine.update_weights(adapter_weights(trained_adapter(path, 5)).items())
+
+
+@pytest.mark.slow
+def test_rlft_train_with_lora_on_vllm_syncs_the_adapter_alone(rlft, tmp_path):
+    from conftest import TINY_RUN, read_metrics
+    run = tmp_path / "run"
+    rlft("train", f"hydra.run.dir={run}", "rollout=vllm", *TINY_RUN, "trainer.steps=3", "trainer.eval_every=3",
+         "model.lora.r=4", "optim.lr=1e-2", "optim.warmup_steps=0")
+    rows = [r for r in read_metrics(run) if r.get("kind") != "eval"]
+    model_bytes = (Path(resolve_model_path("builtin:tiny-adder")) / "model.safetensors").stat().st_size
+    assert all(0 < r["sync/bytes"] < model_bytes / 10 for r in rows)  # adapters: ~1/20 of the model
+    # steps 2 and 3 sample with adapters 1 and 2 on vLLM: engine and learner (base + adapters) agree
+    assert max(r["rollout/logprob_diff_max"] for r in rows[1:]) < 1e-4
+    assert rows[2]["train/grad_norm"] > 0
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
-"""`algo`: the policy-gradient algorithm (ALGORITHMS.md). GRPO, DAPO and GSPO are presets of these keys:
-the schema's defaults are GRPO's, and conf/algo/dapo.yaml and gspo.yaml list what differs. The preset's
-name labels a run in `rlft compare` and W&B (the options line of its config.yaml)."""
+"""`algo`: the policy-gradient algorithm (ALGORITHMS.md, docs/objectives.md). GRPO, DAPO, GSPO, CISPO, GMPO,
+SAPO, KL-Cov, RLOO and REINFORCE++ are presets of these keys: the schema's defaults are GRPO's, and the other
+files of conf/algo/ list what differs. The preset's name labels a run in `rlft compare` and W&B (the options
+line of its config.yaml)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from enum import StrEnum
 from typing import Optional, Union
 
 from rlft.algos.advantages import ADVANTAGES
-from rlft.algos.losses import KL_ESTIMATORS, LOSS_AGGS, RATIO_LEVELS
-from rlft.config.checks import at_least, finite, within
+from rlft.algos.corrections import CORRECTIONS
+from rlft.algos.losses import KL_ESTIMATORS, LOSS_AGGS, OBJECTIVES, RATIO_LEVELS
+from rlft.config.checks import at_least, finite, positive, within
 from rlft.errors import ConfigError
 
 # The choices of these keys are the registered functions' names (rlft.algos)
@@ -18,6 +20,8 @@ RatioLevel = RATIO_LEVELS.choices("RatioLevel", __name__)
 LossAgg = LOSS_AGGS.choices("LossAgg", __name__)
 KLEstimator = KL_ESTIMATORS.choices("KLEstimator", __name__)
 ScaleRewards = ADVANTAGES.choices("ScaleRewards", __name__)
+Objective = OBJECTIVES.choices("Objective", __name__)
+CorrectionKind = CORRECTIONS.choices("CorrectionKind", __name__)
 
 
 class ScheduleKind(StrEnum):
@@ -50,12 +54,51 @@ class OverlongShaping:
 
 
 @dataclass
+class SapoGate:
+    tau_pos: float = 1.0
+    """SAPO's gate temperature for positive advantages: the gate is (4/tau) sigmoid(tau (r - 1)); a larger
+    tau fades the gradient of off-policy tokens faster."""
+    tau_neg: float = 1.05
+    """SAPO's gate temperature for negative advantages (the paper keeps it above tau_pos: negative updates
+    spread over the vocabulary and destabilise sooner)."""
+
+
+@dataclass
+class KLCov:
+    frac: float = 2e-3
+    """KL-Cov: share k of a micro-batch's tokens, those of largest covariance between log-prob and
+    advantage, that get the KL term (the paper: 2e-3 for 7B models, 2e-4 for 32B)."""
+    coef: float = 1.0
+    """KL-Cov: weight beta of |logp - old| on the selected tokens."""
+
+
+@dataclass
+class RolloutCorrection:
+    kind: CorrectionKind = CorrectionKind.token_tis
+    """Weight of each token's policy loss from the engine/learner ratio rho = exp(old - engine log-prob):
+    token_tis = min(rho, cap); seq_tis = min(product over the sequence, cap); token_mask = 0 outside
+    [low, high]; seq_mask = the same for the sequence's product; icepop = rho inside [low, high], 0 outside;
+    geo_mask = 0 for a sequence whose geometric-mean ratio is outside [low, high]."""
+    low: float = 0.5
+    """The masks' band: a ratio below `low` (0 <= low <= 1) is masked (IcePop's alpha, 0.5)."""
+    high: float = 2.0
+    """The masks' band: a ratio above `high` (>= 1) is masked (IcePop's beta is 5)."""
+    cap: float = 2.0
+    """token_tis and seq_tis: the importance weight's cap C (> 0)."""
+
+
+@dataclass
 class AlgoConfig:
     group_size: int = 8
     """G: responses sampled per prompt; a step trains on trainer.prompts_per_step x G responses."""
     scale_rewards: ScaleRewards = ScaleRewards.group
     """Advantage estimator: group = (R - group mean) / group std (GRPO), batch = divided by the batch std,
-    none = R - group mean (Dr. GRPO)."""
+    none = R - group mean (Dr. GRPO), rloo = R - mean of the other G - 1 (RLOO), reinforce_pp = (R - group
+    mean) / batch std of that (REINFORCE++-baseline)."""
+    objective: Objective = Objective.ppo_clip
+    """Per-token policy loss: ppo_clip (PPO/GRPO clipped surrogate), cispo (clipped, detached IS weight
+    times logp), gmpo (geometric mean of clipped token ratios), sapo (soft sigmoid gate, algo.sapo),
+    kl_cov (KL term on high-covariance tokens, algo.kl_cov). docs/objectives.md has the formulas."""
     ratio_level: RatioLevel = RatioLevel.token
     """Importance ratio: token (PPO/GRPO), sequence (GSPO: length-normalised, one per response),
     sequence_token (GSPO-token)."""
@@ -68,6 +111,10 @@ class AlgoConfig:
     """null = constant eps_high; set a key (algo.eps_high_schedule.end=0.3) to move it over training."""
     clip_ratio_c: Optional[float] = None
     """Dual clip: the loss of a negative advantage is capped at c * |A| (c > 1, typically 3); null = off."""
+    sapo: Optional[SapoGate] = None
+    """objective=sapo: the gate's temperatures; null = the paper's (tau_pos 1.0, tau_neg 1.05)."""
+    kl_cov: Optional[KLCov] = None
+    """objective=kl_cov: which tokens get the KL term and its weight; null = frac 2e-3, coef 1."""
     loss_agg: LossAgg = LossAgg.seq_mean_token_mean
     """How token losses become one number: token_mean (DAPO), seq_mean_token_mean (GRPO),
     seq_mean_token_sum_norm (Dr. GRPO), seq_mean (GSPO)."""
@@ -88,7 +135,11 @@ class AlgoConfig:
     """Overlong filtering: responses cut off at rollout.max_new_tokens (no EOS) get no loss."""
     tis_cap: Optional[float] = None
     """Truncated importance sampling: each token's loss times min(exp(old - engine log-prob), C) with this
-    C (2 is usual); corrects engine/learner mismatch and staleness. null = off."""
+    C (2 is usual); corrects engine/learner mismatch and staleness. null = off. The shorthand of
+    algo.correction.kind=token_tis algo.correction.cap=C."""
+    correction: Optional[RolloutCorrection] = None
+    """Rollout correction of the engine/learner mismatch: truncated importance weights or masks, per token
+    or per sequence (algo.correction.kind=icepop turns it on); null = off."""
     ppo_epochs: int = 1
     """Optimizer steps per batch of responses (more than 1 makes later epochs off-policy)."""
     routing_replay: Union[bool, str] = False
@@ -96,6 +147,23 @@ class AlgoConfig:
     (R2: the learner's own old pass); rollout (R3: the rollout engine's routing)."""
     router_aux_loss_coef: float = 0.0
     """Mixture-of-experts models: weight of the router's load-balancing loss added to the loss."""
+
+    @property
+    def sapo_gate(self) -> SapoGate:
+        """algo.sapo, or its defaults (the paper's) when null."""
+        return self.sapo if self.sapo is not None else SapoGate()
+
+    @property
+    def kl_cov_selection(self) -> KLCov:
+        """algo.kl_cov, or its defaults when null."""
+        return self.kl_cov if self.kl_cov is not None else KLCov()
+
+    @property
+    def rollout_correction(self) -> RolloutCorrection | None:
+        """The correction in effect: algo.correction, or algo.tis_cap's token_tis."""
+        if self.tis_cap is not None:
+            return RolloutCorrection(kind=CorrectionKind.token_tis, cap=self.tis_cap)
+        return self.correction
 
     @property
     def routing_source(self) -> str | None:
@@ -110,7 +178,7 @@ def check(cfg) -> None:
     at_least("algo.group_size", a.group_size, 2)
     at_least("algo.ppo_epochs", a.ppo_epochs, 1)
     at_least("algo.max_sampling_rounds", a.max_sampling_rounds, 1)
-    within("algo.eps_low", a.eps_low, 0, 1, high_open=True)
+    within("algo.eps_low", a.eps_low, 0, 1)  # 1: no lower bound (CISPO's choice)
     at_least("algo.eps_high", a.eps_high, 0)
     if a.clip_ratio_c is not None and not a.clip_ratio_c > 1:
         raise ConfigError(f"algo.clip_ratio_c must be > 1 or null (got {a.clip_ratio_c})")
@@ -120,6 +188,8 @@ def check(cfg) -> None:
     at_least("algo.router_aux_loss_coef", a.router_aux_loss_coef, 0)
     for key in ("clip_ratio_c", "tis_cap", "eps_high"):
         finite(f"algo.{key}", getattr(a, key))
+    check_objective(a)
+    check_correction(a)
     if isinstance(a.routing_replay, str) and a.routing_replay not in ROUTING_SOURCES:
         raise ConfigError(f"algo.routing_replay='{a.routing_replay}' is not one of: false, true, "
                           f"{', '.join(ROUTING_SOURCES)}")
@@ -132,3 +202,35 @@ def check(cfg) -> None:
             raise ConfigError(f"algo.overlong.buffer must be in [1, rollout.max_new_tokens={max_new_tokens}] "
                               f"or null (got {a.overlong.buffer})")
         at_least("algo.overlong.penalty", a.overlong.penalty, 0)
+
+
+def check_objective(a: AlgoConfig) -> None:
+    """The objective's own keys: a key another objective uses is refused, not silently ignored."""
+    name, fn = str(a.objective), OBJECTIVES[str(a.objective)]
+    if fn.ratio_levels is not None and str(a.ratio_level) not in fn.ratio_levels:
+        raise ConfigError(f"algo.objective={name} works at algo.ratio_level={' or '.join(fn.ratio_levels)} "
+                          f"(got {a.ratio_level})")
+    uses = {"clip_ratio_c": "clip_ratio_c", "eps_high_schedule": "eps_high", "sapo": "tau_pos",
+            "kl_cov": "kl_cov_frac"}
+    for key, setting in uses.items():
+        if getattr(a, key) is not None and setting not in fn.uses:
+            users = [n for n in OBJECTIVES.names() if setting in OBJECTIVES[n].uses]
+            raise ConfigError(f"algo.{key} is a key of algo.objective={' or '.join(users)}, not of {name}")
+    if a.sapo is not None:
+        positive("algo.sapo.tau_pos", a.sapo.tau_pos)
+        positive("algo.sapo.tau_neg", a.sapo.tau_neg)
+    if a.kl_cov is not None:
+        within("algo.kl_cov.frac", a.kl_cov.frac, 0, 1, low_open=True)
+        at_least("algo.kl_cov.coef", a.kl_cov.coef, 0)
+
+
+def check_correction(a: AlgoConfig) -> None:
+    if a.tis_cap is not None and a.correction is not None:
+        raise ConfigError("algo.tis_cap is the shorthand of algo.correction.kind=token_tis: set one of "
+                          "algo.tis_cap and algo.correction")
+    c = a.correction
+    if c is None:
+        return
+    within("algo.correction.low", c.low, 0, 1)
+    at_least("algo.correction.high", c.high, 1)
+    positive("algo.correction.cap", c.cap)

@@ -38,7 +38,8 @@ class ModelConfig:
     """The learner's weights and AdamW state: float32 below a lower dtype is mixed precision; = dtype trains
     purely in it (small updates round away)."""
     lora: Optional[LoraSettings] = None
-    """null = full fine-tuning; model.lora.r=16 trains LoRA adapters only (the engines get merged weights)."""
+    """null = full fine-tuning; model.lora.r=16 trains LoRA adapters only (the HF engine gets merged weights,
+    vLLM the adapter alone)."""
 
 
 def check(cfg) -> None:

@@ -23,9 +23,28 @@ class SamplingConfig:
     """Nucleus sampling: the smallest set of tokens whose probability reaches top_p."""
     max_new_tokens: int = 8
     """L_max: the longest response, in tokens."""
+    max_staleness: int = 0
+    """k: batches are generated up to k steps ahead while the learner trains, from weights at most k
+    versions behind (pair it with algo.tis_cap); 0: on-policy."""
     async_steps: int = 0
-    """1: the next step's batch is generated while the learner trains, one weights version behind (pair
-    it with algo.tis_cap); 0: on-policy."""
+    """The older name of max_staleness=1 (0 or 1)."""
+    partial_rollouts: bool = False
+    """Responses unfinished when a step has its groups continue next step under the newer weights (each
+    token keeps its version); needs max_staleness >= 1, the age of a carried token."""
+    chunk_tokens: Optional[int] = None
+    """Partial rollouts: tokens per sequence per engine pass; null = max_new_tokens // 4."""
+
+    @property
+    def partial_chunk(self) -> Optional[int]:
+        """Tokens per pass with partial rollouts, None without."""
+        if not self.partial_rollouts:
+            return None
+        return self.chunk_tokens if self.chunk_tokens is not None else max(1, self.max_new_tokens // 4)
+
+    @property
+    def staleness(self) -> int:
+        """k, from either key."""
+        return max(self.max_staleness, self.async_steps)
 
 
 @dataclass
@@ -62,7 +81,16 @@ def check(cfg) -> None:
     within("rollout.top_p", r.top_p, 0, 1, low_open=True)
     at_least("rollout.max_new_tokens", r.max_new_tokens, 1)
     if r.async_steps not in (0, 1):
-        raise ConfigError(f"rollout.async_steps must be 0 (on-policy) or 1 (one step ahead) (got {r.async_steps})")
+        raise ConfigError(f"rollout.async_steps must be 0 (on-policy) or 1 (one step ahead) (got {r.async_steps}); "
+                          "rollout.max_staleness takes any k")
+    at_least("rollout.max_staleness", r.max_staleness, 0)
+    if r.async_steps and r.max_staleness not in (0, 1):
+        raise ConfigError(f"rollout.async_steps=1 is rollout.max_staleness=1, and max_staleness={r.max_staleness} "
+                          "was given too: set max_staleness only")
+    check_partial(cfg)
+    if r.staleness >= 2 and cfg.hardware.ray:
+        raise ConfigError(f"rollout.max_staleness={r.max_staleness} with Ray actors (hardware.ray) is not built yet: "
+                          "the learner actors keep no copies of earlier weights; use max_staleness 0 or 1 there")
     if isinstance(r, HFRollout):
         at_least("rollout.max_batch_size", r.max_batch_size, 1)
         return
@@ -71,9 +99,10 @@ def check(cfg) -> None:
     at_least("rollout.sync_bucket_mb", r.sync_bucket_mb, 1)
     if r.max_model_len is not None:
         at_least("rollout.max_model_len", r.max_model_len, 1)
-    if r.async_steps and r.enable_sleep_mode:
-        raise ConfigError("rollout.async_steps=1 generates while the learner trains, so the engine cannot sleep "
-                          "then: set rollout.enable_sleep_mode=false, or async_steps=0 to share one GPU")
+    if r.staleness and r.enable_sleep_mode:
+        key = f"rollout.max_staleness={r.max_staleness}" if r.max_staleness else "rollout.async_steps=1"
+        raise ConfigError(f"{key} generates while the learner trains, so the engine cannot sleep "
+                          "then: set rollout.enable_sleep_mode=false, or max_staleness=0 to share one GPU")
     if r.weight_sync == WeightSync.broadcast and r.in_process:
         raise ConfigError("rollout.weight_sync=broadcast needs rollout.in_process=false (the workers must be "
                           "other processes to join the broadcast group)")
@@ -81,3 +110,25 @@ def check(cfg) -> None:
         raise ConfigError("algo.routing_replay=rollout with rollout=vllm needs a GPU: vLLM 0.32 returns routed "
                           "experts only with its Model Runner V2, which needs Triton. On CPU use rollout=hf, or "
                           "algo.routing_replay=learner")
+
+
+def check_partial(cfg) -> None:
+    r = cfg.rollout
+    if not r.partial_rollouts:
+        if r.chunk_tokens is not None:
+            raise ConfigError(f"rollout.chunk_tokens={r.chunk_tokens} is for partial rollouts only: set "
+                              "rollout.partial_rollouts=true, or drop chunk_tokens")
+        return
+    if r.staleness < 1:
+        raise ConfigError("rollout.partial_rollouts=true continues responses under the next weights, so their "
+                          "tokens are a version old when trained on: set rollout.max_staleness >= 1")
+    if r.chunk_tokens is not None:
+        at_least("rollout.chunk_tokens", r.chunk_tokens, 1)
+    if r.partial_chunk >= r.max_new_tokens:
+        raise ConfigError(f"rollout.chunk_tokens={r.partial_chunk} is not below rollout.max_new_tokens="
+                          f"{r.max_new_tokens}: every response would finish in one pass (nothing is partial)")
+    for needs_off, why in ((cfg.env.multi_turn, "multi-turn episodes (env)"),
+                           (cfg.algo.dynamic_sampling, "algo.dynamic_sampling"),
+                           (cfg.algo.routing_source == "rollout", "algo.routing_replay=rollout (R3)")):
+        if needs_off:
+            raise ConfigError(f"rollout.partial_rollouts=true with {why} is not built yet: turn one of them off")

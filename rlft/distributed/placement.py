@@ -143,16 +143,19 @@ class RayCluster:
             raise
 
     def shutdown(self) -> None:
+        """Actors stopped mid-task (an interrupt while they load) print C++ stack dumps as their raylet goes;
+        those reach the console through Ray's log forwarding: they stay in run_dir/ray_logs instead."""
         import ray
         if not hasattr(self, "placement_group"):
             return
         from ray.util.placement_group import remove_placement_group
-        for side in ("learner", "engine"):
-            if hasattr(self, side):
-                getattr(self, side).kill()
-        remove_placement_group(self.placement_group)
-        if self.started_ray:
-            ray.shutdown()
+        with open(os.devnull, "wb") as sink, _stderr_into(sink):
+            for side in ("learner", "engine"):
+                if hasattr(self, side):
+                    getattr(self, side).kill()
+            remove_placement_group(self.placement_group)
+            if self.started_ray:
+                ray.shutdown()  # joins the thread that forwards actors' output, so nothing comes after
 
 
 def join_ray(address: str, timeout_s: float) -> None:

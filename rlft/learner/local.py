@@ -23,7 +23,7 @@ from rlft.errors import ConfigError
 from rlft.learner.logprobs import response_logprobs
 from rlft.learner.policy import Policy
 from rlft.models.loading import DTYPES, load_causal_lm
-from rlft.models.lora import merged_lora_weights, with_lora
+from rlft.models.lora import adapter_weights, merged_lora_weights, with_lora
 from rlft.types import LossSettings, Rollout, RolloutEngine, SyncStats, TrainBatch, TrainerState, UpdateStats
 
 
@@ -44,8 +44,10 @@ class LocalLearner:
             policy.config.use_cache = False
             policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.lora = cfg.model.lora is not None
-        if self.lora:  # only the adapters train (and are checkpointed); engines get the merged weights
+        if self.lora:  # only the adapters train (and are checkpointed)
             policy = with_lora(policy, cfg.model.lora)
+        # vLLM serves the adapter on top of its base weights; the HF engine gets the merged weights
+        self.sends_adapter = self.lora and cfg.rollout.engine == "vllm"
         o = cfg.optim
         self.policy = Policy(policy, weight_decay=o.weight_decay, betas=tuple(o.betas), eps=o.eps,
                              max_grad_norm=o.max_grad_norm, ppo_epochs=cfg.algo.ppo_epochs,
@@ -96,12 +98,17 @@ class LocalLearner:
         engine.update_weights(named)
         return SyncStats(seconds=time.perf_counter() - start, bytes=sum(t.numel() * t.element_size() for _, t in named))
 
+    def snapshot_weights(self) -> dict[str, torch.Tensor]:
+        """rollout_weights, copied: training goes on while the engine still generates with older weights."""
+        return {name: t.detach().clone() for name, t in self.rollout_weights().items()}
+
     def rollout_weights(self) -> dict[str, torch.Tensor]:
-        """What a rollout engine needs: every weight under its Hugging Face name, the LoRA deltas merged in
-        (computed, not merged into the policy, which keeps training on base + adapters), in the engines'
-        dtype (under mixed precision half the bytes of the float32 master weights)."""
-        return {name: t.to(self.engine_dtype) if t.is_floating_point() else t
-                for name, t in self._hf_weights().items()}
+        """What a rollout engine needs, in the engines' dtype (under mixed precision half the bytes of the
+        float32 master weights): every weight under its Hugging Face name, the LoRA deltas merged in
+        (computed, not merged into the policy, which keeps training on base + adapters); or, for vLLM with
+        model.lora, the adapter's tensors alone."""
+        weights = adapter_weights(self.policy.model) if self.sends_adapter else self._hf_weights()
+        return {name: t.to(self.engine_dtype) if t.is_floating_point() else t for name, t in weights.items()}
 
     def _hf_weights(self) -> dict[str, torch.Tensor]:
         """Every weight under its Hugging Face name, LoRA merged, in the learner's own dtype."""

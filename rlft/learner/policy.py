@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from transformers import PreTrainedModel
 
+from rlft.algos.corrections import ratio_quantiles
 from rlft.algos.losses import policy_loss
 from rlft.distributed.ranks import rank_rows
 from rlft.errors import ConfigError, NonFiniteWeights
@@ -176,6 +177,8 @@ class Policy:
             entropy_sum, diff_sum, diff_count = _all_reduce([entropy_sum, diff_sum, diff_count], self.group)
             (diff_max,) = _all_reduce([diff_max], self.group, dist.ReduceOp.MAX)
         stats = totals.result(ppo_epochs)
+        if "offpolicy/ratio_p50" in stats:  # the micro-batches' quantiles were averaged: the step's own instead
+            stats |= self._step_ratio_quantiles(old_logp, rollout.logprobs, batch.loss_mask, mine)
         routing_stats = None
         if self.routing is not None:
             self.routing.clear()
@@ -195,7 +198,20 @@ class Policy:
             kl_ref=stats.get("kl_ref"), clip_frac_low=stats.get("clip_frac_low"),
             clip_frac_high=stats.get("clip_frac_high"), ratio_mean=stats.get("ratio_mean"),
             ratio_min=stats.get("ratio_min"), ratio_max=stats.get("ratio_max"), routing=routing_stats,
-            skipped_updates=skipped, nonfinite=nonfinite)
+            skipped_updates=skipped, nonfinite=nonfinite,
+            # the objective's and the rollout correction's metrics, named by policy_loss ("offpolicy/...")
+            named=_named_metrics(stats))
+
+    def _step_ratio_quantiles(self, old_logp: torch.Tensor, engine_logp: torch.Tensor, loss_mask: torch.Tensor,
+                              mine) -> dict[str, float]:
+        """Quantiles of old / engine probability ratios over the step's loss tokens, on every rank alike."""
+        rows = slice(mine.start, mine.stop)
+        log_rho = (old_logp - engine_logp)[rows][loss_mask[rows].bool()].detach().double().cpu()
+        if self.group is not None:
+            parts = [None] * dist.get_world_size(self.group)
+            dist.all_gather_object(parts, log_rho, group=self.group)
+            log_rho = torch.cat(parts)
+        return ratio_quantiles(log_rho) if log_rho.numel() else {}
 
     def _first_nonfinite(self, losses: list[float], grad_norm: float) -> str | None:
         """'loss = nan' or 'gradient norm = inf' when this optimizer step must not be applied, agreed by
@@ -345,6 +361,11 @@ def _shard(model: PreTrainedModel, group: dist.ProcessGroup, compute_dtype: torc
     for layer in getattr(getattr(model, "model", None), "layers", []):
         fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
+
+
+def _named_metrics(stats: dict[str, float]) -> dict[str, float]:
+    """The metrics policy_loss names with their namespace, logged under those names."""
+    return {key: value for key, value in stats.items() if "/" in key}
 
 
 class _StepMetrics:

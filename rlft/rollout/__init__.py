@@ -8,9 +8,10 @@ from rlft.types import RolloutEngine
 
 
 def build_engine(cfg, model_path: str, dtype: str, device: str, tokenizer, seed: int,
-                 return_routes: bool = False) -> RolloutEngine:
+                 return_routes: bool = False, lora=None) -> RolloutEngine:
     """An engine with its own copy of the weights at `model_path`, as `cfg` (rlft.config.rollout) says;
-    `return_routes`: with each rollout, the MoE experts every token was routed to (routing replay R3)."""
+    `return_routes`: with each rollout, the MoE experts every token was routed to (routing replay R3);
+    `lora` (model.lora): vLLM takes the adapter alone at each sync, the HF engine merged weights."""
     eos = getattr(tokenizer, "eos_token_id", None)
     eos_ids = sorted({eos} if eos is not None else set())
     if cfg.engine == "hf":
@@ -27,11 +28,11 @@ def build_engine(cfg, model_path: str, dtype: str, device: str, tokenizer, seed:
                       max_model_len=cfg.max_model_len, gpu_memory_utilization=cfg.gpu_memory_utilization,
                       tensor_parallel_size=cfg.tensor_parallel_size, enable_sleep_mode=cfg.enable_sleep_mode,
                       in_process=cfg.in_process, sync_bucket_mb=cfg.sync_bucket_mb,
-                      weight_sync=str(cfg.weight_sync), return_routes=return_routes)
+                      weight_sync=str(cfg.weight_sync), return_routes=return_routes, lora=lora)
 
 
 def engine_for(cfg, model_path: str, seed: int) -> RolloutEngine:
     """The engine a run's config (rlft.config.RunConfig) asks for, in this process or in a rollout actor."""
     from rlft.models.loading import load_tokenizer
     return build_engine(cfg.rollout, model_path, cfg.model.dtype, str(cfg.hardware.device), load_tokenizer(model_path),
-                        seed=seed, return_routes=cfg.algo.routing_source == "rollout")
+                        seed=seed, return_routes=cfg.algo.routing_source == "rollout", lora=cfg.model.lora)

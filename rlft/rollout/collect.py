@@ -5,15 +5,21 @@ With DAPO's dynamic sampling, groups whose task rewards are all equal (all right
 are dropped and more prompts are sampled, until the batch holds `prompts_per_step` groups or
 `max_sampling_rounds` rounds have run; the batch then holds what was kept.
 
-With rollout.async_steps=1 the next step's batch is collected in a background thread while the learner
-updates on this one, with the weights the engine holds then (one version behind). The new weights are
-pushed once that collection is done, and nothing is collected ahead across a checkpoint, so that resume
-starts from the state the run went on with.
+With rollout.max_staleness=k > 0 a producer thread collects up to k batches ahead while the learner
+trains. Which weights generate which batch is fixed, not left to timing: step b's batch comes from weights
+version max(v, b - 1 - k), v being the version the engine held when that collection began, so a run is
+reproducible and staleness (learner updates since the batch's weights) never exceeds k. k = 1 pushes the
+weights once the batch ahead is done (the engine is idle then: no copy); k >= 2 hands the producer a copy of
+each version's weights (k copies at most), which it loads between batches. Nothing is collected across a
+checkpoint, and before a held-out evaluation the engine takes the learner's weights, so resume starts from
+the state the run went on with and an evaluation scores the current policy.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
@@ -22,6 +28,7 @@ import torch
 
 from rlft.algos.shaping import mixed_groups, overlong_penalty
 from rlft.data.sampler import PromptSampler
+from rlft.rollout.partial import PartialRollouts
 from rlft.types import (EpisodeStats, Learner, Problem, Rollout, RolloutEngine, SamplingParams, ScoredGroups,
                         Scores, SyncStats)
 
@@ -39,49 +46,82 @@ class Overlong:
 class Collector:
     """Owns the engine's use: one collection at a time, weights changed only between collections.
 
-    `weights_version` counts learner updates: the learner's (pushed or not) and the engine's (pushed)."""
+    `learner_version` counts learner updates; `engine_version` the update whose weights the engine holds."""
 
     def __init__(self, engine: RolloutEngine, sampler: PromptSampler, encode: Callable[[str], list[int]],
                  decode: Callable[[torch.Tensor], list[str]], score: ScoreFn, sampling: SamplingParams,
                  pad_id: int, *, prompts_per_step: int, dynamic_sampling: bool = False, max_sampling_rounds: int = 1,
-                 overlong: Overlong | None = None, collect_ahead: bool = False, sleep: bool = False,
-                 weights_version: int = 0, episodes=None):
+                 overlong: Overlong | None = None, max_staleness: int = 0,
+                 sync_point: Callable[[int], bool] = lambda step: False, sleep: bool = False,
+                 weights_version: int = 0, episodes=None, chunk_tokens: int | None = None):
         self.engine, self.sampler, self.encode, self.decode, self.score = engine, sampler, encode, decode, score
         self.episodes = episodes  # an rlft.envs.EpisodeRunner: multi-turn episodes instead of one response each
         self.sampling, self.pad_id, self.prompts_per_step = sampling, pad_id, prompts_per_step
         self.rounds = max_sampling_rounds if dynamic_sampling else 1
         self.dynamic_sampling, self.overlong, self.sleep = dynamic_sampling, overlong, sleep
-        self._ahead = ThreadPoolExecutor(1, thread_name_prefix="rlft-collect-ahead") if collect_ahead else None
-        self._pending: Future | None = None
+        self.max_staleness, self.sync_point = max_staleness, sync_point  # sync_point(step): a checkpoint follows
+        # chunk_tokens: partial rollouts. Their carried tokens are a version older than the step's new ones, so
+        # new tokens come from weights at most k - 1 versions behind: the producer runs k - 1 batches ahead.
+        self.partial = None if chunk_tokens is None else PartialRollouts(engine, encode, sampling, chunk_tokens, pad_id)
+        self.ahead = max_staleness - 1 if self.partial is not None else max_staleness
+        self._producer = ThreadPoolExecutor(1, thread_name_prefix="rlft-collect-ahead") if self.ahead else None
+        self._queue: deque[Future] = deque()  # batches collected or being collected ahead, oldest first
+        self._next_batch = weights_version + 1  # the step whose batch is collected next
+        self._snapshots: dict[int, dict[str, torch.Tensor]] = {}  # version -> weights, for the producer (k >= 2)
+        self._snapshot_ready = threading.Condition()
+        self._closing = False
         self.learner_version = self.engine_version = weights_version
 
-    def collect(self, ahead: bool = True) -> ScoredGroups:
-        """This step's groups: collected during the last update, or now. With collect-ahead on and `ahead`
-        (no checkpoint at the end of this step), the next step's collection starts in the background."""
-        if self._pending is not None:
-            groups, self._pending = self._pending.result(), None
+    def collect(self, step: int) -> ScoredGroups:
+        """This step's groups: collected ahead during earlier updates, or now. Then batches up to step + k are
+        queued, none past a checkpoint."""
+        if self._producer is None:
+            groups = self._collect(self._next_batch, self.engine_version)
+            self._next_batch += 1
         else:
-            groups = self._collect(self.engine_version)
+            if not self._queue:
+                self._submit()
+            groups = self._queue.popleft().result()
         groups.staleness = self.learner_version - groups.weights_version
-        if self._ahead is not None and ahead:
-            self._pending = self._ahead.submit(self._collect, self.engine_version)
+        groups.staleness_histogram = self._staleness_histogram(groups)
+        while self._producer is not None and self._next_batch <= step + self.ahead \
+                and not any(self.sync_point(s) for s in range(step, self._next_batch)):
+            self._submit()
         if self.sleep:  # colocated: the GPU's memory is the learner's until the next weight push
             self.engine.sleep()
         return groups
 
     def push_weights(self, learner: Learner) -> tuple[SyncStats, float]:
-        """After an update: (the sync's stats, seconds spent waiting for the collection ahead to finish)."""
+        """After an update: (the sync's stats, seconds spent waiting for batches collected ahead). With
+        batches queued and k >= 2 the weights are copied for the producer instead of waiting for the engine."""
+        self.learner_version += 1
+        if self._queue and self.ahead >= 2:
+            start = time.perf_counter()
+            snapshot = learner.snapshot_weights()
+            with self._snapshot_ready:
+                self._snapshots[self.learner_version] = snapshot
+                self._snapshot_ready.notify_all()
+            return SyncStats(seconds=time.perf_counter() - start,
+                             bytes=sum(t.numel() * t.element_size() for t in snapshot.values())), 0.0
         waited = self.wait()
         sync = learner.push_weights(self.engine)
-        self.learner_version += 1
-        self.engine_version = self.learner_version
+        self._engine_holds(self.learner_version)
         return sync, waited
 
+    def catch_up(self, learner: Learner) -> float:
+        """Before an evaluation: the batches queued are finished (they keep their weights) and the engine takes
+        the learner's current weights. Seconds spent waiting."""
+        waited = self.wait()
+        if self.engine_version != self.learner_version:
+            learner.push_weights(self.engine)
+            self._engine_holds(self.learner_version)
+        return waited
+
     def wait(self) -> float:
-        """Block until the collection ahead, if any, is done (its error is raised by the next collect)."""
+        """Block until the batches collected ahead are done (an error is raised by the collect that takes it)."""
         start = time.perf_counter()
-        if self._pending is not None:
-            self._pending.exception()
+        for pending in self._queue:
+            pending.exception()
         return time.perf_counter() - start
 
     def evaluate(self, problems: list[Problem], max_new_tokens: int
@@ -103,12 +143,52 @@ class Collector:
         self.engine.set_rng_state(rng)
 
     def close(self) -> None:
+        with self._snapshot_ready:  # a producer waiting for weights that will not come gives up
+            self._closing = True
+            self._snapshot_ready.notify_all()
+        if self._producer is not None:
+            self._producer.shutdown(wait=True, cancel_futures=True)
         if self.episodes is not None:
             self.episodes.runner.close()
-        if self._ahead is not None:
-            self._ahead.shutdown(wait=True, cancel_futures=True)
 
-    def _collect(self, weights_version: int) -> ScoredGroups:
+    def _submit(self) -> None:
+        self._queue.append(self._producer.submit(self._collect_batch, self._next_batch))
+        self._next_batch += 1
+
+    def _collect_batch(self, step: int) -> ScoredGroups:
+        """In the producer thread: the weights this step's batch is due (loaded first when newer), then the batch."""
+        due = step - 1 - self.ahead
+        if due > self.engine_version:
+            with self._snapshot_ready:
+                self._snapshot_ready.wait_for(lambda: due in self._snapshots or self._closing)
+                if self._closing:
+                    raise RuntimeError("the run is closing")
+                snapshot = self._snapshots[due]
+            self.engine.update_weights(list(snapshot.items()))
+            self._engine_holds(due)
+        return self._collect(step, self.engine_version)
+
+    def _staleness_histogram(self, groups: ScoredGroups) -> list[float]:
+        """[k + 1] share of the batch's sampled tokens 0..k versions old now (more is dropped before)."""
+        if not self.max_staleness or groups.num_groups == 0:
+            return []
+        sampled = groups.rollout.model_mask.bool()
+        if groups.rollout.versions is None:
+            ages = torch.full((int(sampled.sum()),), groups.staleness)
+        else:
+            ages = self.learner_version - groups.rollout.versions[sampled]
+        counts = torch.bincount(ages.clamp(0, self.max_staleness), minlength=self.max_staleness + 1)
+        return (counts.float() / max(1, ages.numel())).tolist()
+
+    def _engine_holds(self, version: int) -> None:
+        self.engine_version = version
+        with self._snapshot_ready:  # copies the engine is past are dropped
+            for old in [v for v in self._snapshots if v <= version]:
+                del self._snapshots[old]
+
+    def _collect(self, step: int, weights_version: int) -> ScoredGroups:
+        if self.partial is not None:
+            return self._collect_partial(step, weights_version)
         group_size = self.sampling.n
         kept: list[ScoredGroups] = []
         kept_groups = dropped = errors = 0
@@ -156,6 +236,26 @@ class Collector:
                             rewards=torch.cat([part.rewards for part in kept])[:n], episodes=episodes, rounds=rounds,
                             dropped_groups=dropped, generate_seconds=generate_seconds, reward_seconds=reward_seconds,
                             weights_version=weights_version)
+
+    def _collect_partial(self, step: int, weights_version: int) -> ScoredGroups:
+        """Step `step`'s batch from the pool of partial rollouts (drained when a checkpoint follows the step)."""
+        t = time.perf_counter()
+        part = self.partial.collect(self.sampler, self.prompts_per_step, step, weights_version,
+                                    oldest_allowed=step - 1 - self.max_staleness, drain=self.sync_point(step))
+        generate_seconds = time.perf_counter() - t
+        t = time.perf_counter()
+        rollout = part.rollout
+        per_response = [p for p in part.problems for _ in range(self.sampling.n)]
+        scores = self.score(per_response, self.decode(rollout.response_ids), rollout.response_lengths.tolist())
+        rewards = scores.total
+        if self.overlong is not None:
+            rewards = rewards + overlong_penalty(rollout.response_lengths, self.overlong.max_len,
+                                                 self.overlong.buffer, self.overlong.penalty)
+        sampled = rollout.model_mask.bool()
+        return ScoredGroups(problems=part.problems, rollout=rollout, scores=scores, rewards=rewards,
+                            generate_seconds=generate_seconds, reward_seconds=time.perf_counter() - t,
+                            weights_version=int(rollout.versions[sampled].min()), stale_dropped=part.stale_dropped,
+                            carried_groups=part.carried_groups, passes=part.passes)
 
     def _generate(self, problems: list[Problem], params: SamplingParams
                   ) -> tuple[Rollout, list[str], EpisodeStats | None]:

@@ -6,15 +6,26 @@ lm_head when embeddings are tied, itself). In process, the learner's tensors are
 with the engine core in its own process they travel as safetensors bytes in buckets (rlft.rollout.
 vllm_worker), or by broadcast over a torch.distributed group (weight_sync="broadcast"). The prefix cache
 is reset after every update so no KV entry of old weights is reused.
+
+With `model.lora` the base weights never change: each sync writes the adapter alone as a peft folder and
+loads it under a new adapter id (vLLM caches adapters by id, so an id used before could serve old tensors),
+then asks every vLLM worker for a fingerprint of the adapter it holds under that id; a mismatch raises.
+Generation uses that adapter; the folder of the one before is removed.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+import weakref
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Iterable
 
 import torch
+
+from rlft.models.lora import adapter_fingerprint, is_adapter_weight, same_adapter, write_adapter
 
 from rlft.rollout.batching import left_pad, place_routes, right_pad
 from rlft.types import Rollout, SamplingParams
@@ -36,7 +47,8 @@ class VLLMEngine:
     def __init__(self, model_path: str, dtype: str, seed: int, *, pad_id: int, max_model_len: int | None = None,
                  gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1,
                  enable_sleep_mode: bool = False, in_process: bool = True, sync_bucket_mb: int = 256,
-                 weight_sync: str = "rpc", sync_host: str = "127.0.0.1", return_routes: bool = False):
+                 weight_sync: str = "rpc", sync_host: str = "127.0.0.1", return_routes: bool = False,
+                 lora=None):
         if not vllm_available():
             raise ImportError(INSTALL_HINT)
         if weight_sync == "broadcast" and in_process:
@@ -51,6 +63,8 @@ class VLLMEngine:
         # MoE routing replay from the engine (R3): vLLM returns each token's experts; in 0.32 only with its
         # Model Runner V2, which needs Triton (GPUs; the CPU build refuses it at start-up).
         extra = {"enable_return_routed_experts": True} if return_routes else {}
+        if lora is not None:  # one adapter at a time: the current one
+            extra |= {"enable_lora": True, "max_lora_rank": lora_rank_slot(lora.r), "max_loras": 1}
         self.return_routes = return_routes
         self.llm = LLM(model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
                        gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size,
@@ -67,6 +81,12 @@ class VLLMEngine:
         self.sleep_mode = enable_sleep_mode
         self.asleep: set[str] = set()
         self.broadcaster = None
+        self.lora = lora            # rlft.config.model.LoraSettings: syncs carry the adapter alone
+        self.adapter = None         # the LoRARequest generate uses; None = the base weights
+        self.adapter_syncs = 0      # adapter ids handed out
+        if lora is not None:
+            self._adapter_root = Path(tempfile.mkdtemp(prefix="rlft-lora-"))
+            weakref.finalize(self, shutil.rmtree, self._adapter_root, ignore_errors=True)
         if weight_sync == "broadcast":
             self._join_broadcast_group(sync_host, tensor_parallel_size)
 
@@ -91,7 +111,8 @@ class VLLMEngine:
         # logprobs=0: the log-prob of the chosen token only.
         sampling = VLLMSampling(n=params.n, temperature=params.temperature, top_p=params.top_p,
                                 max_tokens=params.max_new_tokens, logprobs=0, detokenize=False)
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sampling, use_tqdm=False)
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sampling, use_tqdm=False,
+                                    lora_request=self.adapter)
         requests, responses, logprobs, truncated, routes = [], [], [], [], []
         for prompt, output in zip(prompts, outputs):
             for completion in output.outputs:  # the n samples of one prompt, adjacent as the interface says
@@ -114,7 +135,11 @@ class VLLMEngine:
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         self.wake_up(tags=["weights"])
         named = [(name, tensor.detach()) for name, tensor in named_tensors]
-        if self.broadcaster is not None:
+        if self.lora is not None:
+            self._load_adapter(dict(named))
+        elif any(is_adapter_weight(name) for name, _ in named):
+            raise ValueError("this vLLM engine was started without model.lora and cannot take adapter tensors")
+        elif self.broadcaster is not None:
             received = self._rpc_thread.submit(self.llm.collective_rpc, "rlft_receive_broadcast")
             self.broadcaster.send(named)
             received.result()
@@ -130,6 +155,41 @@ class VLLMEngine:
                 self.llm.collective_rpc("rlft_receive_bucket", args=(blob,))
             self.llm.collective_rpc("rlft_apply_weights")
         self.llm.reset_prefix_cache()
+
+    def _load_adapter(self, tensors: dict[str, torch.Tensor]) -> None:
+        """The adapter of a new weights version: written, loaded under a new id, checked, then in use."""
+        from vllm.lora.request import LoRARequest
+        odd = next((name for name in tensors if not is_adapter_weight(name)), None if tensors else "nothing")
+        if odd is not None:
+            raise ValueError(f"vLLM with model.lora takes the LoRA adapter's tensors alone, got {odd} "
+                             "(what LocalLearner.rollout_weights sends a vLLM engine)")
+        self.adapter_syncs += 1
+        version = self.adapter_syncs  # never reused, even after a failed sync
+        folder = self._adapter_root / f"v{version}"
+        write_adapter(folder, tensors, self.lora)
+        request = LoRARequest(f"rlft-v{version}", version, str(folder))
+        self._deliver(request)
+        self._check_served(request, tensors)
+        previous, self.adapter = self.adapter, request
+        if previous is not None:  # vLLM read it when it loaded it; max_loras=1 evicts it from the cache
+            shutil.rmtree(previous.lora_path, ignore_errors=True)
+
+    def _deliver(self, request) -> None:
+        """Load the adapter into every worker now, not at the first request, so that it can be checked."""
+        self.llm.llm_engine.add_lora(request)
+
+    def _check_served(self, request, tensors: dict[str, torch.Tensor]) -> None:
+        """Every worker must hold the adapter under this sync's id with the tensors sent (fingerprints, not
+        the tensors: three floats per worker). Peers once shipped an adapter that never reached the engine."""
+        expected = adapter_fingerprint(tensors, self.lora)
+        dtype = next(iter(tensors.values())).dtype
+        held = self.llm.collective_rpc("rlft_adapter_fingerprint", args=(request.lora_int_id,))
+        for worker, got in enumerate(held):
+            if got is None or not same_adapter(got, expected, dtype):
+                raise RuntimeError(
+                    f"vLLM worker {worker} does not serve LoRA adapter {request.lora_name}, just sent: it holds "
+                    f"{'no adapter under that id' if got is None else f'other tensors, fingerprint {got}'}; "
+                    f"expected {expected} (sum A, sum |A|, sum |scale x B|)")
 
     def sleep(self) -> None:
         """Release the GPU memory of weights and KV cache while the learner trains (enable_sleep_mode).
@@ -150,3 +210,15 @@ class VLLMEngine:
 
     def set_rng_state(self, state: torch.Tensor) -> None:
         pass
+
+
+def lora_rank_slot(r: int) -> int:
+    """vLLM sizes its adapter buffers by max_lora_rank, one of a fixed set of values: the least one >= r."""
+    from typing import get_args
+
+    from vllm.config.lora import MaxLoRARanks
+    fitting = [rank for rank in get_args(MaxLoRARanks) if rank >= r]
+    if not fitting:
+        raise ValueError(f"model.lora.r={r}: vLLM takes adapters of rank {max(get_args(MaxLoRARanks))} at most")
+    return min(fitting)
+

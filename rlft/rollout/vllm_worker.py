@@ -4,7 +4,8 @@ In process, tensors are handed over as they are. With the engine core in its own
 arguments are serialised: weights travel as safetensors bytes (compact, dtype-exact) and accumulate until
 `rlft_apply_weights`, so vLLM's in-place reload sees one complete set of weights, as it expects. Or
 (weight_sync=broadcast) the worker joins a torch.distributed group with the learner and receives the
-buckets by broadcast (rlft.distributed.broadcast): NCCL between GPUs, gloo on CPU.
+buckets by broadcast (rlft.distributed.broadcast): NCCL between GPUs, gloo on CPU. With model.lora the
+adapter travels as a folder instead, and `rlft_adapter_fingerprint` tells the engine what the worker holds.
 """
 
 from __future__ import annotations
@@ -57,6 +58,23 @@ class WeightReceiver:
         received: list = []
         self._rlft_broadcaster.receive(received.extend)
         return self.rlft_load_weights(received)
+
+    def rlft_adapter_fingerprint(self, lora_id: int) -> tuple[float, float, float] | None:
+        """(sum A, sum |A|, sum |scale x B|) over the adapter this worker holds under `lora_id`, in float64, as
+        rlft.models.lora.adapter_fingerprint computes it from the tensors sent; None if it holds none."""
+        adapter = self.model_runner.lora_manager._adapter_manager.get_adapter(lora_id)
+        if adapter is None:
+            return None
+        a, b = [], []
+        for layer in adapter.loras.values():
+            # packed layers (q/k/v, gate/up) hold lists, None where a part has no adapter; the scale is 1
+            # where vLLM folded it into B already
+            packed = isinstance(layer.lora_a, list)
+            a += [t.double() for t in (layer.lora_a if packed else [layer.lora_a]) if t is not None]
+            b += [s * t.double() for t, s in zip(layer.lora_b if packed else [layer.lora_b],
+                                                 layer.scaling if packed else [layer.scaling]) if t is not None]
+        return (sum(float(t.sum()) for t in a), sum(float(t.abs().sum()) for t in a),
+                sum(float(t.abs().sum()) for t in b))
 
     def _rlft_refresh_tied_lm_head(self) -> None:
         # vLLM's CPU backend keeps a repacked copy of lm_head for its GEMM; with tied embeddings the reload

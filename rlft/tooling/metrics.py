@@ -60,9 +60,15 @@ class Stopwatch:
 
 def collected_row(step: int, groups: ScoredGroups) -> dict:
     """What every step logs about its collection, even when no group was left to learn from."""
-    return {"step": step, "rollout/sampling_rounds": groups.rounds, "rollout/dropped_groups": groups.dropped_groups,
-            "rollout/groups": groups.num_groups, "rollout/staleness": groups.staleness,
-            "perf/generate_seconds": groups.generate_seconds, "perf/reward_seconds": groups.reward_seconds}
+    row = {"step": step, "rollout/sampling_rounds": groups.rounds, "rollout/dropped_groups": groups.dropped_groups,
+           "rollout/groups": groups.num_groups, "rollout/staleness": groups.staleness,
+           "perf/generate_seconds": groups.generate_seconds, "perf/reward_seconds": groups.reward_seconds}
+    # with max_staleness k > 0: the share of sampled tokens 0..k versions old (a histogram, one key per age)
+    row |= {f"staleness/tokens_{age}": share for age, share in enumerate(groups.staleness_histogram)}
+    if groups.rollout is not None and groups.rollout.versions is not None:  # partial rollouts
+        row |= {"rollout/stale_dropped": groups.stale_dropped, "rollout/carried_groups": groups.carried_groups,
+                "rollout/passes": groups.passes}
+    return row
 
 
 def step_row(step: int, groups: ScoredGroups, rewards: torch.Tensor, stats: UpdateStats, sync: SyncStats,
@@ -100,6 +106,7 @@ def step_row(step: int, groups: ScoredGroups, rewards: torch.Tensor, stats: Upda
         "perf/train_tokens_per_s": stats.tokens / max(clock.seconds["train"], 1e-9),
         "perf/peak_rss_mb": peak_memory_mb,  # the learner's (the largest rank's)
     }
+    row |= stats.named  # offpolicy/engine_kl, offpolicy/ratio_p50, ... (rlft.algos.corrections), the objective's
     if groups.episodes is not None:
         row |= episode_metrics("episode", groups.episodes)
     if stats.routing is not None:
