@@ -144,9 +144,14 @@ def main() -> None:
     parser.add_argument("--chunk-tokens", type=int, default=2)
     parser.add_argument("--no-pin", action="store_true", help="leave the scheduler to place the threads")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "staleness_bench")
+    parser.add_argument("--table", action="store_true", help="print the table of every result in --out; run nothing")
     args = parser.parse_args()
+    if args.table:
+        print(table([json.loads(line) for line in (args.out / "results.jsonl").read_text().splitlines()]))
+        return
     if len(os.sched_getaffinity(0)) < 2 and not args.no_pin:
         sys.exit("staleness_bench: pinning needs 2 cores (use --no-pin)")
+    args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     results_file = args.out / "results.jsonl"
     done = {}
