@@ -12,7 +12,9 @@ reproducible and staleness (learner updates since the batch's weights) never exc
 weights once the batch ahead is done (the engine is idle then: no copy); k >= 2 hands the producer a copy of
 each version's weights (k copies at most), which it loads between batches. Nothing is collected across a
 checkpoint, and before a held-out evaluation the engine takes the learner's weights, so resume starts from
-the state the run went on with and an evaluation scores the current policy.
+the state the run went on with and an evaluation scores the current policy. With partial rollouts
+(rlft.rollout.partial) carried tokens are a version older than a batch's new ones, so the producer runs
+k - 1 batches ahead.
 """
 
 from __future__ import annotations
@@ -200,14 +202,8 @@ class Collector:
             generate_seconds += time.perf_counter() - t
 
             t = time.perf_counter()
-            per_response = [p for p in problems for _ in range(group_size)]
-            scores = _with_env_rewards(self.score(per_response, completions, rollout.response_lengths.tolist()),
-                                       episodes)
+            scores, rewards = self._score(problems, completions, rollout, episodes)
             errors += scores.errors
-            rewards = scores.total
-            if self.overlong is not None:
-                rewards = rewards + overlong_penalty(rollout.response_lengths, self.overlong.max_len,
-                                                     self.overlong.buffer, self.overlong.penalty)
             reward_seconds += time.perf_counter() - t
 
             keep = torch.ones(len(problems), dtype=torch.bool)
@@ -245,17 +241,24 @@ class Collector:
         generate_seconds = time.perf_counter() - t
         t = time.perf_counter()
         rollout = part.rollout
-        per_response = [p for p in part.problems for _ in range(self.sampling.n)]
-        scores = self.score(per_response, self.decode(rollout.response_ids), rollout.response_lengths.tolist())
-        rewards = scores.total
-        if self.overlong is not None:
-            rewards = rewards + overlong_penalty(rollout.response_lengths, self.overlong.max_len,
-                                                 self.overlong.buffer, self.overlong.penalty)
+        scores, rewards = self._score(part.problems, self.decode(rollout.response_ids), rollout, None)
         sampled = rollout.model_mask.bool()
         return ScoredGroups(problems=part.problems, rollout=rollout, scores=scores, rewards=rewards,
                             generate_seconds=generate_seconds, reward_seconds=time.perf_counter() - t,
                             weights_version=int(rollout.versions[sampled].min()), stale_dropped=part.stale_dropped,
                             carried_groups=part.carried_groups, passes=part.passes)
+
+    def _score(self, problems: list[Problem], completions: list[str], rollout: Rollout,
+               episodes: EpisodeStats | None) -> tuple[Scores, torch.Tensor]:
+        """(the reward functions' and environment's scores, [N] the rewards advantages come from: the scores'
+        total plus overlong shaping) for the group_size responses to each problem."""
+        per_response = [p for p in problems for _ in range(self.sampling.n)]
+        scores = _with_env_rewards(self.score(per_response, completions, rollout.response_lengths.tolist()), episodes)
+        rewards = scores.total
+        if self.overlong is not None:
+            rewards = rewards + overlong_penalty(rollout.response_lengths, self.overlong.max_len,
+                                                 self.overlong.buffer, self.overlong.penalty)
+        return scores, rewards
 
     def _generate(self, problems: list[Problem], params: SamplingParams
                   ) -> tuple[Rollout, list[str], EpisodeStats | None]:
