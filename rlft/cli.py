@@ -9,10 +9,12 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 
 USAGE = """usage: rlft train [GROUP=OPTION ...] [KEY=VALUE ...] [RUN CONTROLS] [-m] [--cfg job] [--help [KEY]]
+       rlft eval [TARGET | GROUP=OPTION ...] [KEY=VALUE ...] [--samples K] [--show N] [--out FILE]
        rlft compare DIR [DIR ...] [-o PNG]
 
   rlft train                          the default run (GRPO on the built-in addition task)
@@ -29,6 +31,17 @@ run controls (this invocation only, not part of the run's config):
   trainer.exit_after_step=N           stop after step N (the schedule keeps trainer.steps)
   --profile                           a torch.profiler trace of step 2 in RUN_DIR/profile
   trainer.profile_steps=[2,5]         traces of these steps
+
+evaluate on the task's held-out set (greedy accuracy and reward mean): a table, and a JSON file
+  rlft eval RUN_DIR                   the run's final model (else its newest checkpoint) with the run's
+                                      config, KEY=VALUE on top (data.eval_size=100); JSON: RUN_DIR/eval.json
+  rlft eval RUN_DIR/checkpoints/step_000020
+                                      one checkpoint; JSON: RUN_DIR/eval_step_000020.json
+  rlft eval model.path=PATH           a model, the config composed as rlft train's (GROUP=OPTION, KEY=VALUE;
+                                      none: the built-in model on the default task); JSON: ./eval.json
+  --samples K                         also K samples per problem at rollout.temperature: pass@K (default 0)
+  --show N                            the first N problems' completions in the table (default 5)
+  --out FILE                          where the JSON goes
 """
 
 
@@ -40,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command == "train":
         return train_command(rest)
+    if command == "eval":
+        return eval_command(rest)
     if command == "compare":
         return compare_command(rest)
     print(f"rlft: error: unknown command '{command}'\n{USAGE}", file=sys.stderr)
@@ -107,6 +122,115 @@ def run_one(overrides: list[str], controls, saved) -> int:
         dcfg, choices = with_saved_values(dcfg, choices, saved)
     train(to_run_config(dcfg, choices), run_dir, controls, choices)
     return 0
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    """`rlft eval`'s flags."""
+    samples: int = 0          # sampled completions per problem for pass@k; 0: greedy only
+    show: int = 5             # problems whose completions the table shows
+    out: Path | None = None   # the JSON file; None: next to the target (rlft.evaluate.Target.default_out)
+
+
+def eval_command(args: list[str]) -> int:
+    """`rlft eval [TARGET | GROUP=OPTION ...] [KEY=VALUE ...] [--samples K] [--show N] [--out FILE]`."""
+    malformed = thread_variable_problem()
+    if malformed:
+        return _fail(malformed)
+    from rlft.config.describe import describe_config_error
+    from rlft.errors import UserError
+
+    signal.signal(signal.SIGTERM, _terminated)
+    overrides: list[str] = []
+    try:
+        if "--help" in args or "-h" in args:
+            print(USAGE)
+            return 0
+        target, overrides, options = split_eval_args(args)
+        return run_eval(target, overrides, options)
+    except KeyboardInterrupt:
+        return _fail("interrupted; nothing was written", code=130)
+    except UserError as err:
+        return _fail(str(err))
+    except Exception as err:  # Hydra/OmegaConf config errors and the disk's are reworded; anything else is a bug
+        message = describe_config_error(err, choices_for(overrides))
+        if message is None and isinstance(err, OSError) and err.filename:
+            message = f"{err.strerror or err}: {err.filename}"
+        if message is None:
+            raise
+        return _fail(message)
+
+
+def run_eval(target_path: Path | None, overrides: list[str], options: EvalOptions) -> int:
+    """Evaluate the target (a run directory, a checkpoint) with its run's config, or model.path with a
+    config composed as rlft train's; print the table and write the JSON."""
+    from rlft.config.compose import register_schemas
+    from rlft.evaluate import evaluate, find_target, report, write_json
+    register_schemas()
+    quiet_transformers()
+    check_arguments(overrides)
+    if target_path is None:
+        result = evaluate(eval_config(None, overrides), samples=options.samples)
+        out = options.out or Path("eval.json")
+    else:
+        target = find_target(target_path)
+        cfg = target.configured(eval_config(target.run_dir, overrides))
+        result = evaluate(cfg, target.checkpoint, options.samples)
+        out = options.out or target.default_out()
+    write_json(result, out)
+    print(report(result, options.show))
+    print(f"\njson: {out}")
+    return 0
+
+
+def split_eval_args(args: list[str]) -> tuple[Path | None, list[str], EvalOptions]:
+    """(TARGET or None, the KEY=VALUE overrides, the flags)."""
+    from rlft.errors import ConfigError
+    flags = {"--samples": "samples", "--show": "show", "--out": "out"}
+    values: dict[str, str] = {}
+    targets, overrides = [], []
+    items = iter(args)
+    for item in items:
+        flag, equals, value = item.partition("=")
+        if flag in flags:
+            value = value if equals else next(items, None)
+            if value is None:
+                raise ConfigError(f"{flag} takes a value ({flag} {'FILE' if flag == '--out' else 'N'})")
+            values[flags[flag]] = value
+        elif item.startswith("-"):
+            raise ConfigError(f"rlft eval does not take '{item}' (its flags: --samples K, --show N, --out FILE, "
+                              "--help)")
+        elif names_a_path(item):
+            targets.append(item)
+        else:
+            overrides.append(item)
+    if len(targets) > 1:
+        raise ConfigError(f"rlft eval takes one TARGET (a run directory or a checkpoint); got {', '.join(targets)}")
+    for name in ("samples", "show"):
+        if name in values and not values[name].isdigit():
+            raise ConfigError(f"--{name} takes a whole number >= 0 (got '{values[name]}')")
+    options = EvalOptions(samples=int(values.get("samples", 0)), show=int(values.get("show", 5)),
+                          out=Path(values["out"]) if "out" in values else None)
+    return (Path(targets[0]) if targets else None), overrides, options
+
+
+def names_a_path(item: str) -> bool:
+    """A path rather than an override: no '=' (nor a '~key' deletion), a '/' before the '=' (no key has one),
+    or a path that exists (a sweep's run directories are named like 0_algo=dapo,seed=1)."""
+    key, equals, _ = item.partition("=")
+    return (not equals and not item.startswith("~")) or "/" in key or Path(item).exists()
+
+
+def eval_config(run_dir: Path | None, overrides: list[str]):
+    """The evaluation's config: a run's own (its options and saved values, these overrides on top, as
+    resume composes it), or without a run composed from conf/ as rlft train composes it."""
+    from rlft.config.compose import compose, to_run_config
+    if run_dir is None:
+        dcfg, choices = compose(overrides)
+    else:
+        saved, composed = resumed_overrides(run_dir, overrides, command="rlft eval")
+        dcfg, choices = with_saved_values(*compose(composed), saved)
+    return to_run_config(dcfg, choices)
 
 
 def run_hydra(overrides: list[str], controls) -> int:
@@ -222,24 +346,26 @@ def check_arguments(overrides: list[str]) -> None:
                                   f"got '{value}'")
 
 
-def resumed_overrides(run_dir: Path, overrides: list[str]) -> tuple[dict, list[str]]:
+def resumed_overrides(run_dir: Path, overrides: list[str], command: str = "resume") -> tuple[dict, list[str]]:
     """A resumed run keeps its config: it is composed from its own group options alone, and gets its saved
     values, then this command's key=value overrides, and a new `hardware=` option (a checkpoint resumes on
-    any placement) in with_saved_values; (what that needs, the overrides to compose)."""
+    any placement) in with_saved_values; (what that needs, the overrides to compose). `rlft eval RUN_DIR`
+    composes a run's config the same way (`command` words the errors)."""
     from rlft.config import GROUPS
     from rlft.config.compose import saved_config, saved_options
     from rlft.errors import ConfigError
     options = saved_options(run_dir / "config.yaml")
     if not options:
-        raise ConfigError(f"resume='{run_dir}': its config.yaml does not name the options it was composed from "
+        where = f"resume='{run_dir}'" if command == "resume" else f"{command} {run_dir}"
+        raise ConfigError(f"{where}: its config.yaml does not name the options it was composed from "
                           "(written by another version of rlft?)")
     if multirun(overrides):
         raise ConfigError("resume continues one run: it cannot be swept (-m)")
     chosen = {item.split("=", 1)[0]: item.split("=", 1)[1] for item in overrides if item.split("=", 1)[0] in GROUPS}
     for group in chosen:
         if group != "hardware":
-            raise ConfigError(f"resume: '{group}=...' would change the run's {group}; resume keeps its config "
-                              "groups (hardware= excepted)")
+            raise ConfigError(f"{command}: '{group}=...' would change the run's {group}; {command} keeps its "
+                              "config groups (hardware= excepted)")
     hydra = [item for item in overrides if item.startswith("hydra.") or item in ("--cfg", "-c", "job")]
     saved = {"config": saved_config(run_dir / "config.yaml"), "hardware": chosen.get("hardware"),
              "keys": [item.lstrip("+") for item in overrides if item not in hydra and "=" in item

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from functools import partial
 from pathlib import Path
+from typing import Callable
 
 import torch
 from omegaconf import OmegaConf
@@ -29,14 +30,17 @@ from rlft.config.env import response_budget
 from rlft.data.sampler import PromptSampler
 from rlft.errors import Interrupted, NonFiniteUpdates, NonFiniteWeights, RewardError, UserError, WorkerDied
 from rlft.learner.local import LocalLearner
+from rlft.models.loading import DTYPES, empty_causal_lm
 from rlft.preflight import Prepared, RunControls, describe_run, preflight, torch_threads
 from rlft.rollout import engine_for
 from rlft.run_dir import RunLock, check_unused
 from rlft.rollout.collect import Collector, Overlong
+from rlft.tooling.flops import model_shape, rollout_tokens, step_work
 from rlft.tooling.metrics import EVAL_ACCURACY, Stopwatch, collected_row, eval_row, step_row
 from rlft.tooling.monitor import Monitor, read_metrics, truncate_metrics
+from rlft.tooling.peaks import run_roofs
 from rlft.tooling.profiling import StepProfiler
-from rlft.types import Learner, SamplingParams, TrainBatch, TrainerState, UpdateStats
+from rlft.types import Learner, RolloutEngine, SamplingParams, TrainBatch, TrainerState, UpdateStats
 
 
 def train(cfg: RunConfig, run_dir: Path, controls: RunControls = RunControls(),
@@ -80,8 +84,6 @@ class Loop:
     def __init__(self, cfg: RunConfig, run_dir: Path, prepared: Prepared, controls: RunControls, learner: Learner,
                  engine):
         self.cfg, self.run_dir, self.prepared, self.controls, self.learner = cfg, run_dir, prepared, controls, learner
-        algo, rollout = cfg.algo, cfg.rollout
-        tokenizer = prepared.tokenizer
         self.start_step = 0
         state = learner.load_checkpoint(prepared.resume_from) if prepared.resume_from else None
         if state is not None:
@@ -89,27 +91,16 @@ class Loop:
             torch.set_rng_state(state.torch_rng)
         if controls.resume is not None:  # rows after the checkpoint (all, without one) are logged again
             truncate_metrics(run_dir / "metrics.jsonl", state.step if state is not None else -1)
-        overlong = None
-        if algo.overlong is not None and algo.overlong.enabled:
-            budget = response_budget(cfg)  # an episode's tokens (the model's turns only are counted)
-            overlong = Overlong(max_len=budget, penalty=algo.overlong.penalty,
-                                buffer=algo.overlong.buffer or max(1, budget // 4))
-        self.collector = Collector(
-            engine, PromptSampler(prepared.train, seed=cfg.seed, shuffle=cfg.data.shuffle), prepared.encode,
-            partial(tokenizer.batch_decode, skip_special_tokens=True), prepared.scorer.score,
-            SamplingParams(n=algo.group_size, temperature=rollout.temperature, top_p=rollout.top_p,
-                           max_new_tokens=rollout.max_new_tokens),
-            tokenizer.pad_token_id, prompts_per_step=cfg.trainer.prompts_per_step,
-            dynamic_sampling=algo.dynamic_sampling, max_sampling_rounds=algo.max_sampling_rounds, overlong=overlong,
-            max_staleness=rollout.staleness, sync_point=self.checkpoint_due,
-            sleep=getattr(rollout, "enable_sleep_mode", False),
-            weights_version=self.start_step, chunk_tokens=rollout.partial_chunk,
-            episodes=prepared.episodes.runner(engine) if prepared.episodes is not None else None)
+        self.collector = build_collector(cfg, prepared, engine, sync_point=self.checkpoint_due,
+                                         weights_version=self.start_step)
         if state is not None:
             rng = state.rollout_rng  # [workers, S] from a run with several rollout workers
             self.collector.restore(state.sampler_position, rng if cfg.hardware.ray or rng.dim() == 1 else rng[0])
             learner.push_weights(engine)
         self.monitor = Monitor(run_dir, prepared.steps, self.start_step, cfg.logger.console, wandb=self._wandb())
+        # perf/: each phase's floor work, and this machine's cached peaks (None: FLOPs only, no fractions)
+        self.shape = model_shape(empty_causal_lm(prepared.model_path), DTYPES[cfg.model.dtype].itemsize)
+        self.roofs = run_roofs(cfg)
         self.saved = [self.start_step]  # steps checkpointed by this invocation, newest last
         self.nonfinite_streak = 0       # steps in a row whose update was not applied (not finite)
 
@@ -150,8 +141,10 @@ class Loop:
         sync, waited = self.collector.push_weights(self.learner)
 
         # ---- 8. Log; evaluate and checkpoint when due.
+        work = step_work(self.shape, rollout_tokens(rollout, groups.num_groups), ppo_epochs=algo.ppo_epochs,
+                         reference=algo.kl_coef > 0, weight_grads=self.cfg.model.lora is None)
         self.monitor.log(step_row(step, groups, rewards, stats, sync, waited, settings, lr, clock,
-                                  self.learner.peak_memory_mb()))
+                                  self.learner.peak_memory_mb(), work, self.roofs))
         return self.end_of_step(step)
 
     def run(self) -> dict:
@@ -231,6 +224,29 @@ class Loop:
             return None
         from rlft.tooling.wandb_sink import WandbSink
         return WandbSink(self.cfg, self.run_dir)
+
+
+def build_collector(cfg: RunConfig, prepared: Prepared, engine: RolloutEngine, *,
+                    sync_point: Callable[[int], bool] = lambda step: False, weights_version: int = 0) -> Collector:
+    """The collector of a run's config, driving `engine`: the trainer's, and `rlft eval`'s (rlft.evaluate),
+    so that both evaluate through the same code. `sync_point(step)`: a checkpoint follows that step;
+    `weights_version`: the step whose weights the engine holds."""
+    algo, rollout, tokenizer = cfg.algo, cfg.rollout, prepared.tokenizer
+    overlong = None
+    if algo.overlong is not None and algo.overlong.enabled:
+        budget = response_budget(cfg)  # an episode's tokens (the model's turns only are counted)
+        overlong = Overlong(max_len=budget, penalty=algo.overlong.penalty,
+                            buffer=algo.overlong.buffer or max(1, budget // 4))
+    return Collector(
+        engine, PromptSampler(prepared.train, seed=cfg.seed, shuffle=cfg.data.shuffle), prepared.encode,
+        partial(tokenizer.batch_decode, skip_special_tokens=True), prepared.scorer.score,
+        SamplingParams(n=algo.group_size, temperature=rollout.temperature, top_p=rollout.top_p,
+                       max_new_tokens=rollout.max_new_tokens),
+        tokenizer.pad_token_id, prompts_per_step=cfg.trainer.prompts_per_step,
+        dynamic_sampling=algo.dynamic_sampling, max_sampling_rounds=algo.max_sampling_rounds, overlong=overlong,
+        max_staleness=rollout.staleness, sync_point=sync_point, sleep=getattr(rollout, "enable_sleep_mode", False),
+        weights_version=weights_version, chunk_tokens=rollout.partial_chunk,
+        episodes=prepared.episodes.runner(engine) if prepared.episodes is not None else None)
 
 
 def summarize(run_dir: Path, last_step: int) -> dict:

@@ -15,6 +15,10 @@ held-out pass afterwards. Each run is its own process; peak RSS is that process'
 Same work: the two runs must have sampled the same number of responses, and (sampling differs) generated
 and trained token counts within --token-tolerance of each other; a case that fails this prints no ratio.
 The ratio rlft/TRL is per repeat; the table gives its median and range over the repeats.
+
+Below the table, per case: rlft's step against its floor, the least time this machine's measured peaks
+allow for its generate, reference, forward and backward work (rlft.tooling.flops; the peaks are
+scripts/measure_peaks.py's cache, measured once here first when there is none).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,6 +75,7 @@ class Result:
     peak_rss_mb: float = 0.0
     accuracy_before: float = float("nan")
     accuracy_after: float = float("nan")
+    floor_seconds: list[float] = field(default_factory=list)  # rlft: each step's floor (perf/step_floor_seconds)
 
     @property
     def seconds(self) -> float:
@@ -99,7 +104,9 @@ def run_rlft(spec: Spec) -> Result:
     shutil.rmtree(run_dir, ignore_errors=True)  # a rerun starts fresh (rlft refuses a used run directory)
     train(rlft_config(spec), run_dir)
     steps = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("kind") != "eval"]
+    floor = "perf/step_floor_seconds"  # absent without cached peaks; a step that trained nothing has no work
     return Result(step_seconds=[r["perf/step_seconds"] for r in steps],
+                  floor_seconds=[r.get(floor, 0.0) for r in steps] if any(floor in r for r in steps) else [],
                   generated_tokens=sum(r["rollout/tokens"] for r in steps),
                   trained_tokens=sum(int(r["train/tokens"]) for r in steps),
                   responses=len(steps) * spec.prompts_per_step * spec.group_size,
@@ -271,7 +278,37 @@ def table(results: dict[str, list[dict[str, Result]]], before: float, tolerance:
         lines.append(f"| {case} | tokens generated/trained (repeat 1) | {work['rlft'].generated_tokens}/"
                      f"{work['rlft'].trained_tokens} | {work['trl'].generated_tokens}/{work['trl'].trained_tokens}"
                      f" | | |")
-    return "\n".join(lines + [""] + problems)
+    return "\n".join(lines + [""] + floor_lines(results) + problems)
+
+
+def floor_lines(results: dict[str, list[dict[str, Result]]]) -> list[str]:
+    """Per case, rlft's summed step floors over its summed step time (median over repeats): the share of
+    the machine's peak its step reaches. At least that share: the floor counts the least work (2N FLOPs
+    per generated or reference token, 6N per trained token, and attention)."""
+    lines = []
+    for case, pairs in results.items():
+        runs = [p["rlft"] for p in pairs if p["rlft"].floor_seconds]
+        if runs:
+            share = statistics.median(sum(r.floor_seconds) / r.seconds for r in runs)
+            floor = statistics.median(sum(r.floor_seconds) / len(r.floor_seconds) for r in runs)
+            step = statistics.median(r.seconds / len(r.step_seconds) for r in runs)
+            lines.append(f"{case}: rlft, the step at >= {100 * share:.1f}% of its FLOP floor on this machine "
+                         f"(floor {floor:.4f} s a step, step {step:.4f} s; medians over {len(runs)} repeats)")
+    return lines + [""] if lines else []
+
+
+def peaks_line() -> str:
+    """This machine's cached peaks, measured first (once) when there are none."""
+    from rlft.tooling.peaks import load_peaks, peaks_file
+
+    if load_peaks("cpu") is None:
+        print(f"bench_vs_trl: no peaks cached for this machine ({peaks_file('cpu')}): measuring them once "
+              "(scripts/measure_peaks.py)", flush=True)
+        subprocess.run([sys.executable, str(ROOT / "scripts/measure_peaks.py")], check=True)
+    peaks = load_peaks("cpu")
+    return (f"peaks of this machine (scripts/measure_peaks.py, {peaks.date}): "
+            f"{peaks.matmul_gflops.get('float32', float('nan')):.1f} GFLOP/s float32 matmul, "
+            f"{peaks.read_gbps:.2f} GB/s memory read, {peaks.threads} threads")
 
 
 def load_results(out: Path) -> tuple[dict[str, list[dict[str, Result]]], float]:
@@ -322,6 +359,7 @@ def main() -> None:
                     max_new_tokens=preset["max_new_tokens"], lr=preset["lr"], overrides=preset["overrides"],
                     out=str(out / case / f"seed{seed}" / framework))
 
+    peaks = peaks_line()  # before the runs: rlft's runs read the cache for their floors
     before = in_subprocess("eval", spec_of("start", args.cases[0], 0))[0]["accuracy"]
     (out / "before.json").write_text(json.dumps({"accuracy": before}))
     results: dict[str, list[dict[str, Result]]] = {}
@@ -330,7 +368,7 @@ def main() -> None:
             order = ("rlft", "trl") if seed % 2 == 0 else ("trl", "rlft")  # neither always runs first
             results.setdefault(case, []).append(run_pair(spec_of, case, seed, order))
             print(f"bench_vs_trl: {case} repeat {seed + 1}/{args.repeats} done", flush=True)
-    report = table(results, before, args.token_tolerance)
+    report = table(results, before, args.token_tolerance) + "\n" + peaks
     command = "python scripts/bench_vs_trl.py " + " ".join(sys.argv[1:])
     (out / "table.md").write_text(f"`{command.strip()}`\n\n{report}\n")
     print(report)

@@ -71,6 +71,7 @@ out = Path(sys.argv[1])
 keys = ["perf/step_seconds", "perf/generate_seconds", "perf/reward_seconds", "perf/ref_seconds",
         "perf/forward_seconds", "perf/backward_seconds", "perf/optimizer_seconds", "sync/seconds",
         "perf/generate_tokens_per_s", "perf/train_tokens_per_s", "perf/peak_rss_mb", "perf/tool_seconds",
+        "perf/step_floor_fraction",
         "episode/turns_mean", "episode/tool_call_rate",
         "rollout/logprob_diff_mean", "rollout/logprob_diff_max", "moe/routing_drift"]
 print("Medians over the steps after the first; peak_rss_mb is torch.cuda.max_memory_allocated on a GPU.\n")

@@ -26,7 +26,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CORRECTIONS = {"none": [], "tis": ["algo.correction.kind=token_tis"], "mask": ["algo.correction.kind=token_mask"]}
-TASKS = {"arithmetic": []}
+# the default task (3-4 token answers), and multi-turn calculator episodes (a tool call, its output, the answer:
+# longer and uneven, the engine waits on the tool between turns)
+TASKS = {"arithmetic": [], "calculator": ["env=calculator", "data=calculator", "model=tiny_calculator"]}
 
 
 def children(pid: int) -> list[int]:

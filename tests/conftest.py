@@ -1,4 +1,5 @@
 import json
+from functools import partial
 import os
 import socket
 import subprocess
@@ -22,6 +23,19 @@ def run_rlft(*args: str, cwd: Path | None = None, check: bool = True) -> subproc
     return proc
 
 
+def run_rlft_here(capfd, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """rlft in this process, for commands that train nothing (--cfg job, --help, config errors): seconds
+    faster than a fresh interpreter each. Its exit code and what reached file descriptors 1 and 2, Python's
+    and C's writes alike."""
+    from rlft.cli import main
+    capfd.readouterr()
+    code = main(list(args))
+    out, err = capfd.readouterr()
+    if check and code != 0:
+        raise AssertionError(f"rlft {' '.join(args)} failed ({code}):\n{out}\n{err}")
+    return subprocess.CompletedProcess(["rlft", *args], code, out, err)
+
+
 def free_port() -> int:
     """A TCP port free now on localhost, for a torch.distributed store in a test."""
     with socket.socket() as s:
@@ -36,6 +50,11 @@ def read_metrics(run_dir: Path) -> list[dict]:
 @pytest.fixture
 def rlft():
     return run_rlft
+
+
+@pytest.fixture
+def rlft_here(capfd):
+    return partial(run_rlft_here, capfd)
 
 
 def push_weights(model, engine):

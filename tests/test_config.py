@@ -62,10 +62,10 @@ def leaves(node: DictConfig, prefix: str = "") -> list[str]:
     return out
 
 
-def test_the_default_config_stays_small(rlft):
+def test_the_default_config_stays_small(rlft_here):
     """Under 60 keys until the off-policy issue's objective, correction, staleness and partial-rollout keys (66 now): a key is
     added only where a run needs it, and sections that are off are one null key."""
-    printed = OmegaConf.create(rlft("train", "--cfg", "job").stdout)
+    printed = OmegaConf.create(rlft_here("train", "--cfg", "job").stdout)
     count = len(leaves(OmegaConf.merge(compose([])[0], printed)))
     assert count <= 66, count
 
@@ -123,6 +123,8 @@ def test_a_mapping_replaces_a_free_form_dict():
     data = composed("data=reasoning_gym", "data.tasks={countdown: 0.5, chain_sum: 0.5}").data
     assert data.tasks == {"countdown": 0.5, "chain_sum": 0.5}
     assert composed("data=reasoning_gym", "data.tasks={countdown: 1.0}").data.tasks == {"countdown": 1.0}
+    options = composed("data=reasoning_gym", "data.tasks={chain_sum: {weight: 2, min_terms: 2, max_digits: 1}}")
+    assert options.data.tasks == {"chain_sum": {"weight": 2, "min_terms": 2, "max_digits": 1}}
 
 
 ERRORS = [
@@ -148,6 +150,10 @@ ERRORS = [
     (["trainer.epochs=2", "trainer.steps=5"], "trainer.epochs=2.0 decides the number of steps: it does not combine"),
     (["reward.weights=[1.0,nan]", "reward.fns=[exact_match,format]"], "reward.weights[1] must be a finite number"),
     (["data=reasoning_gym", "data.tasks={chain_sum: -1}"], "data.tasks.chain_sum must be a finite number > 0"),
+    (["data=reasoning_gym", "data.tasks={chain_sum: {weight: 0}}"],
+     "data.tasks.chain_sum.weight must be a finite number > 0 (got 0)"),
+    (["data=reasoning_gym", "data.tasks={chain_sum: heavy}"],
+     "data.tasks.chain_sum must be a weight (a number > 0), or the task's {weight: W, option: value, ...} (got 'heavy')"),
     (["optim.lr=nan"], "optim.lr must be a finite number > 0 (got nan)"),
     (["optim.betas=[0.9,1.5]"], "optim.betas[1] must be in [0, 1) (got 1.5)"),
     (["reward.on_error=ignore"], "reward.on_error='ignore' is not one of: raise, zero"),
@@ -199,7 +205,7 @@ ERRORS = [
     (["model.path=/tmp/nope.gguf"], "model.path '/tmp/nope.gguf': no such GGUF file"),
     (["compute.attn_implementation=fast"], "compute.attn_implementation='fast' is not one of: eager, sdpa"),
     (["model.path=/no/cache/models/smollm2-135m-instruct"], "does not exist (make it with scripts/fetch_smollm2.py"),
-    (["reward.fns=[nope]"], "unknown reward 'nope' (available: answer_match, code_tests, countdown, exact_match"),
+    (["reward.fns=[nope]"], "unknown reward 'nope' (available: answer_format, answer_match, code_tests, countdown"),
     (["reward.fns=[exact_match,format]", "reward.weights=[1.0]"], "reward.weights has 1 values for 2 reward.fns"),
     (["resume=/no/such/run"], "resume='/no/such/run': no config.yaml there"),
     (["trainer.steps=3", "trainer.exit_after_step=4"], "trainer.exit_after_step must be in [1, trainer.steps=3]"),
@@ -209,44 +215,57 @@ ERRORS = [
 
 
 @pytest.mark.parametrize("overrides,message", ERRORS, ids=[" ".join(o) for o, _ in ERRORS])
-def test_config_errors_are_one_line_before_any_work(rlft, tmp_path, overrides, message):
-    proc = rlft("train", f"hydra.run.dir={tmp_path / 'run'}", *overrides, check=False)
+def test_config_errors_are_one_line_before_any_work(rlft_here, tmp_path, overrides, message):
+    """In this process (a fresh one per case cost minutes of CI; the next test checks a few from a fresh one)."""
+    proc = rlft_here("train", f"hydra.run.dir={tmp_path / 'run'}", *overrides, check=False)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert lines == [lines[0]] and lines[0].startswith("rlft: error: "), proc.stderr
+    assert lines == [lines[0]] and lines[0].startswith("rlft: error: ") and not proc.stdout, proc.stderr
     assert message in lines[0]
     assert not (tmp_path / "run").exists()  # nothing written
 
 
+FRESH_PROCESS = [0, 14, 56]  # a typo, a value, a missing file: also one line from a fresh interpreter's start
+
+
+@pytest.mark.parametrize("index", FRESH_PROCESS)
+def test_config_errors_are_one_line_from_a_fresh_process(rlft, tmp_path, index):
+    overrides, message = ERRORS[index]
+    proc = rlft("train", f"hydra.run.dir={tmp_path / 'run'}", *overrides, check=False)
+    assert proc.returncode == 2 and proc.stderr.strip() == proc.stderr.strip().splitlines()[0]
+    assert proc.stderr.startswith("rlft: error: ") and message in proc.stderr and not proc.stdout
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("overrides", [["+algo.eps_hgih=0.3"], ["data.path=my.jsonl"], ["algo.group_size=1"]])
-def test_cfg_job_refuses_what_a_run_refuses(rlft, overrides):
-    proc = rlft("train", "--cfg", "job", *overrides, check=False)
+def test_cfg_job_refuses_what_a_run_refuses(rlft_here, overrides):
+    proc = rlft_here("train", "--cfg", "job", *overrides, check=False)
     assert proc.returncode == 2 and proc.stderr.startswith("rlft: error: ") and not proc.stdout
 
 
-def test_cfg_job_prints_the_composed_config(rlft):
-    proc = rlft("train", "--cfg", "job", "algo.kl_coef=0.5")
+def test_cfg_job_prints_the_composed_config(rlft_here):
+    proc = rlft_here("train", "--cfg", "job", "algo.kl_coef=0.5")
     cfg = OmegaConf.create(proc.stdout)
     assert cfg.algo.kl_coef == 0.5 and cfg.model.path == "builtin:tiny-adder"
     assert proc.stdout.startswith("# options: algo=grpo model=tiny_adder data=arithmetic")
 
 
-def test_help_of_a_key_gives_its_type_value_choices_and_help(rlft):
-    out = rlft("train", "--help", "algo.loss_agg").stdout
+def test_help_of_a_key_gives_its_type_value_choices_and_help(rlft_here):
+    out = rlft_here("train", "--help", "algo.loss_agg").stdout
     assert out.startswith("algo.loss_agg: one of: token_mean, seq_mean_token_mean, seq_mean, seq_mean_token_sum_norm")
     assert "value: seq_mean_token_mean" in out and "Dr. GRPO" in out
-    out = rlft("train", "--help", "algo.loss_agg", "algo=dapo").stdout
+    out = rlft_here("train", "--help", "algo.loss_agg", "algo=dapo").stdout
     assert "value: token_mean" in out
-    out = rlft("train", "--help", "data.path").stdout  # a key of another option: shown there
+    out = rlft_here("train", "--help", "data.path").stdout  # a key of another option: shown there
     assert "data.path is a key of data=dataset" in out and "data.path: str" in out and "??? (required)" in out
-    out = rlft("train", "--help", "algo").stdout  # a group: its keys with a line of help each
+    out = rlft_here("train", "--help", "algo").stdout  # a group: its keys with a line of help each
     assert "algo.eps_high" in out and "clip" in out and "others: cispo, dapo, gmpo, gspo, kl_cov" in out
-    assert "compute.layout" in rlft("train", "--help", "compute").stdout
-    assert "data" in rlft("train", "--help").stdout
-    out = rlft("train", "--help", "model.lora.r").stdout  # a key of a section that is off
+    assert "compute.layout" in rlft_here("train", "--help", "compute").stdout
+    assert "data" in rlft_here("train", "--help").stdout
+    out = rlft_here("train", "--help", "model.lora.r").stdout  # a key of a section that is off
     assert out.startswith("model.lora.r: int") and "model.lora is null (setting this key turns it on" in out
     assert "schema default: 16" in out
-    proc = rlft("train", "--help", "algo.nope", check=False)
+    proc = rlft_here("train", "--help", "algo.nope", check=False)
     assert proc.returncode == 2 and "unknown config key 'algo.nope'" in proc.stderr
 
 
@@ -255,9 +274,9 @@ GPU_PLACEMENTS = {"1gpu_colocated": (False, None, None, None), "8gpu": (True, 4,
 
 
 @pytest.mark.parametrize("option", sorted(GPU_PLACEMENTS))
-def test_gpu_placements_compose_and_validate_on_cpu(rlft, option):
+def test_gpu_placements_compose_and_validate_on_cpu(rlft_here, option):
     """`--cfg job` of each GPU config: the placement it promises, and the checks it passes (vLLM aside)."""
-    cfg = OmegaConf.create(rlft("train", f"hardware={option}", "--cfg", "job").stdout)
+    cfg = OmegaConf.create(rlft_here("train", f"hardware={option}", "--cfg", "job").stdout)
     ray, learner_ranks, rollout_workers, fsdp = GPU_PLACEMENTS[option]
     h = cfg.hardware
     assert h.device == "cuda" and ("learner_ranks" in h) == ray
@@ -272,24 +291,24 @@ def test_multinode_gpu_count_must_add_up():
         validate(composed("hardware=multinode", "hardware.nodes=3"))
 
 
-def test_resume_keeps_the_run_and_may_move_it_to_another_placement(rlft, tmp_path):
+def test_resume_keeps_the_run_and_may_move_it_to_another_placement(rlft_here, tmp_path):
     """The saved options and values come back (this command's keys on top); a new hardware option brings
     its own section only: the run's rollout engine stays what it was."""
     run = tmp_path / "run"
     (run).mkdir()
-    saved = rlft("train", "--cfg", "job", "algo=dapo", "rollout.max_new_tokens=6").stdout
+    saved = rlft_here("train", "--cfg", "job", "algo=dapo", "rollout.max_new_tokens=6").stdout
     (run / "config.yaml").write_text(saved)
-    out = rlft("train", f"resume={run}", "--cfg", "job", "trainer.steps=7").stdout
+    out = rlft_here("train", f"resume={run}", "--cfg", "job", "trainer.steps=7").stdout
     cfg = OmegaConf.create(out)
     assert out.splitlines()[0] == saved.splitlines()[0]
     assert (cfg.algo.loss_agg, cfg.rollout.max_new_tokens, cfg.trainer.steps) == ("token_mean", 6, 7)
-    moved = rlft("train", f"resume={run}", "hardware=cpu_ray", "hardware.learner_ranks=3", "--cfg", "job").stdout
+    moved = rlft_here("train", f"resume={run}", "hardware=cpu_ray", "hardware.learner_ranks=3", "--cfg", "job").stdout
     cfg = OmegaConf.create(moved)
     assert "hardware=cpu_ray" in moved.splitlines()[0] and cfg.hardware.learner_ranks == 3
     assert "max_batch_size" in cfg.rollout and cfg.rollout.max_new_tokens == 6  # still rollout=hf
-    colocated = OmegaConf.create(rlft("train", f"resume={run}", "hardware=1gpu_colocated", "--cfg", "job").stdout)
+    colocated = OmegaConf.create(rlft_here("train", f"resume={run}", "hardware=1gpu_colocated", "--cfg", "job").stdout)
     assert colocated.hardware.device == "cuda" and "max_batch_size" in colocated.rollout
-    proc = rlft("train", f"resume={run}", "algo=grpo", check=False)
+    proc = rlft_here("train", f"resume={run}", "algo=grpo", check=False)
     assert proc.returncode == 2 and "resume keeps its config groups" in proc.stderr
 
 

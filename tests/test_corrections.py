@@ -263,9 +263,9 @@ def test_correction_config_errors_name_the_key(overrides, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
-def test_a_bad_correction_kind_is_one_error_line(rlft, tmp_path):
+def test_a_bad_correction_kind_is_one_error_line(rlft_here, tmp_path):
     test_config.test_config_errors_are_one_line_before_any_work(
-        rlft, tmp_path, ["algo.correction.kind=tis"],
+        rlft_here, tmp_path, ["algo.correction.kind=tis"],
         "algo.correction.kind='tis' is not one of: token_tis, seq_tis, token_mask, seq_mask, icepop, geo_mask")
 
 

@@ -159,6 +159,51 @@ def test_reasoning_gym_mix_and_its_scorer():
         load_task(schemas.ReasoningGymData(tasks={"no_such_task": 1.0}, size=2, eval_size=1))
 
 
+def test_reasoning_gym_generator_options_shape_the_problems_and_are_checked():
+    tasks = {"chain_sum": {"weight": 1, "min_terms": 3, "max_terms": 3, "max_digits": 1}}
+    train, held_out = load_task(schemas.ReasoningGymData(tasks=tasks, size=300, eval_size=50, split_seed=3))
+    assert len(train) == 300 and len(held_out) == 50
+    for problem in train + held_out:
+        metadata = problem.fields["rg_entry"]["metadata"]
+        assert metadata["num_terms"] == 3 and metadata["num_digits"] == 1
+    # held-out problems are distinct, and none is a training problem (checked, not left to chance)
+    assert len({p.prompt for p in held_out}) == 50
+    assert not {p.prompt for p in train} & {p.prompt for p in held_out}
+    assert load_task(schemas.ReasoningGymData(tasks=tasks, size=300, eval_size=50, split_seed=3))[1] == held_out
+    for bad, message in [({"chain_sum": {"foo": 1}}, r"^data.tasks.chain_sum.foo: not an option of this task "
+                                                     r"\(its options: weight, min_terms, max_terms"),
+                         ({"chain_sum": {"min_terms": "2"}}, r"^data.tasks.chain_sum.min_terms must be int like its "
+                                                             r"default 2 \(got '2'\)$"),
+                         ({"chain_sum": {"min_terms": 5, "max_terms": 3}},
+                          r"^data.tasks.chain_sum: max_terms must be >= min_terms$")]:
+        with pytest.raises(ConfigError, match=message):
+            load_task(schemas.ReasoningGymData(tasks=bad, size=10, eval_size=5))
+    # 2 one-digit terms make 200 problems: holding out all of them leaves none to train on
+    small = {"chain_sum": {"min_terms": 2, "max_terms": 2, "max_digits": 1}}
+    with pytest.raises(ConfigError, match="data.tasks.chain_sum: its generator gave only 0 training problems"):
+        load_task(schemas.ReasoningGymData(tasks=small, size=10, eval_size=200))
+    with pytest.raises(ConfigError, match="data.tasks.chain_sum: its generator gave only 200 distinct problems"):
+        load_task(schemas.ReasoningGymData(tasks=small, size=10, eval_size=201))
+
+
+def test_reasoning_gym_rewards_strict_accuracy_lenient_signal_and_format():
+    from rlft.rewards.builtin import answer_format, lenient_answer, reasoning_gym_lenient, reasoning_gym_score
+    forms = {"1 + 5 = 6": "6", "The answer is 6.": "6", "Answer: **6**": "6", "so\n\\boxed{6}": "6",
+             "<answer> 6 </answer>": "6", "6": "6", "x = 3\nthen 1 + 5 = 6.": "6", "The final answer is: $6$": "6",
+             "I think <answer>5</answer> no, the answer is 6": "5", "": ""}
+    assert {text: lenient_answer(text) for text in forms} == forms
+    train, _ = load_task(schemas.ReasoningGymData(tasks={"chain_sum": 1.0}, size=5, eval_size=2))
+    problem = train[0]
+    task, entry, answer = problem.fields["rg_task"], problem.fields["rg_entry"], problem.answer
+    assert reasoning_gym_score(f"<answer>{answer}</answer>", task, entry) == 1.0
+    assert reasoning_gym_score(f"The answer is {answer}", task, entry) == 0.0  # strict: the tags or nothing
+    assert reasoning_gym_lenient(f"The answer is {answer}", task, entry) == 1.0
+    assert reasoning_gym_lenient(f"The answer is {answer}1", task, entry) < 1.0  # partial credit at most
+    assert answer_format(f"Sum it.\n<answer>{answer}</answer>\n") == 1.0
+    for untidy in [answer, "<answer></answer>", f"<answer>{answer}</answer> because", "<answer>1</answer><answer>2</answer>"]:
+        assert answer_format(untidy) == 0.0
+
+
 def test_chat_template_renders_prompts_and_long_ones_are_dropped():
     from rlft.data.prompts import PromptEncoder, drop_long_prompts
     from rlft.types import Problem

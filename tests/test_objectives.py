@@ -375,5 +375,5 @@ CLI_ERRORS = [
 
 
 @pytest.mark.parametrize("overrides,message", CLI_ERRORS, ids=[" ".join(o) for o, _ in CLI_ERRORS])
-def test_a_bad_objective_is_one_error_line_from_the_cli(rlft, tmp_path, overrides, message):
-    test_config.test_config_errors_are_one_line_before_any_work(rlft, tmp_path, overrides, message)
+def test_a_bad_objective_is_one_error_line_from_the_cli(rlft_here, tmp_path, overrides, message):
+    test_config.test_config_errors_are_one_line_before_any_work(rlft_here, tmp_path, overrides, message)

@@ -22,7 +22,7 @@ def commands(text: str) -> list[tuple[str, str | None]]:
         code = line.strip().removeprefix("$ ")
         while code.endswith("\\") and index + 1 < len(lines):  # continued on the next line
             index += 1
-            code = code[:-1] + " " + lines[index].strip()
+            code = code[:-1].rstrip() + " " + lines[index].strip()
         code = re.sub(r"^(\w+=\S+ )+", "", code)  # WANDB_MODE=offline rlft train ...
         if not code.startswith("rlft train"):
             continue
@@ -57,18 +57,31 @@ def test_the_readme_and_the_usage_have_commands():
 
 
 @pytest.mark.parametrize("command,error", README + USAGE_COMMANDS, ids=[c for c, _ in README + USAGE_COMMANDS])
-def test_a_documented_command_composes(rlft, tmp_path, command, error):
+def test_a_documented_command_composes(rlft_here, tmp_path, command, error):
+    """In this process: a fresh interpreter per command cost minutes of CI."""
     if PLACEHOLDER.search(command) or "resume=" in command:
         pytest.skip("a template (or a resume of a run that is not here)")
     args = one_run_of(shlex.split(command)[2:])
     if "--help" in args:
-        assert rlft("train", *args).stdout.strip()
+        assert rlft_here("train", *args).stdout.strip()
         return
     if error is not None:  # an error example: the run itself stops with that line (some are preflight's)
-        proc = rlft("train", *args, f"hydra.run.dir={tmp_path / 'run'}", check=False)
+        proc = rlft_here("train", *args, f"hydra.run.dir={tmp_path / 'run'}", check=False)
         assert proc.returncode == 2 and error.split("...")[0] in proc.stderr, proc.stderr
         assert not (tmp_path / "run").exists()
         return
-    proc = rlft("train", *args, *([] if "--cfg" in args else ["--cfg", "job"]), check=False)
+    proc = rlft_here("train", *args, *([] if "--cfg" in args else ["--cfg", "job"]), check=False)
     assert proc.returncode == 0, f"{command}\n{proc.stderr}"
     assert proc.stdout.startswith("# options: ")
+
+
+def test_the_readme_reasoning_gym_commands_load_their_tasks():
+    """Composing is not enough for data.tasks: its generator options are checked where the task loads."""
+    from rlft.config.compose import compose, to_run_config
+    from rlft.data import load_task
+    documented = [c for c, error in README if "data=reasoning_gym" in c and error is None]
+    assert any("weight:" in c for c in documented)
+    for command in documented:
+        cfg = to_run_config(*compose([*shlex.split(command)[2:], "data.size=20", "data.eval_size=4"]))
+        train, held_out = load_task(cfg.data)
+        assert len(train) >= 20 and len(held_out) >= 4

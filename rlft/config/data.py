@@ -4,7 +4,7 @@ download; `dataset` reads files or a hub id. `name` (not a key) tells the code w
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Optional
+from typing import Any, ClassVar, Optional
 
 from omegaconf import MISSING
 
@@ -68,8 +68,9 @@ class MultistepData(GeneratedData):
 @dataclass
 class ReasoningGymData(PromptFormat, DataBase):
     name: ClassVar[str] = "reasoning_gym"
-    tasks: dict[str, float] = field(default_factory=lambda: {"chain_sum": 1.0})
-    """reasoning-gym task name -> weight in the mix, e.g. {countdown: 0.5, chain_sum: 0.5}."""
+    tasks: dict[str, Any] = field(default_factory=lambda: {"chain_sum": 1.0})
+    """reasoning-gym task -> its weight in the mix ({countdown: 0.5, chain_sum: 0.5}), or its weight and
+    generator options ({chain_sum: {weight: 1, min_terms: 2, max_terms: 3, max_digits: 1}})."""
     size: int = 10000
     """Training problems generated."""
     eval_size: int = 200
@@ -126,10 +127,21 @@ def check(cfg) -> None:
         raise ConfigError(f"data.max_operand={d.max_operand} is below data.min_operand={d.min_operand}")
     if isinstance(d, ReasoningGymData) and not d.tasks:
         raise ConfigError("data=reasoning_gym needs data.tasks, e.g. data.tasks={countdown: 1.0}")
-    for task, weight in getattr(d, "tasks", {}).items():  # sampling weights
-        positive(f"data.tasks.{task}", weight)
+    for task, entry in getattr(d, "tasks", {}).items():  # a weight, or a weight and generator options
+        check_task_entry(f"data.tasks.{task}", entry)
     if isinstance(d, DatasetData) and not d.path.strip():
         raise ConfigError("data.path is empty: name a .jsonl/.csv/.parquet file, a folder or a hub id")
     if isinstance(d, DatasetData) and d.map_fn is None and d.prompt_key == d.answer_key:
         raise ConfigError(f"data.prompt_key and data.answer_key are both '{d.prompt_key}': the answer would be "
                           "the prompt itself")
+
+
+def check_task_entry(key: str, entry) -> None:
+    """A task's weight (> 0), alone or under `weight` with the generator's options (those are checked
+    against the generator where the task is loaded)."""
+    if isinstance(entry, dict):
+        key, entry = f"{key}.weight", entry.get("weight", 1.0)
+    if isinstance(entry, bool) or not isinstance(entry, (int, float)):
+        raise ConfigError(f"{key} must be a weight (a number > 0), or the task's {{weight: W, option: value, ...}} "
+                          f"(got {entry!r})")
+    positive(key, entry)

@@ -1,33 +1,110 @@
 """reasoning-gym's procedural tasks (106 generators with verifiers, offline): `data.tasks` mixes them by
-weight. Each problem keeps its entry, so the `reasoning_gym` reward scores with the task's own scorer."""
+weight, each with its generator's options. Each problem keeps its entry, so the `reasoning_gym` rewards score
+with the task's own verifier. Held-out problems are drawn first, and no training problem repeats one of them."""
 
 from __future__ import annotations
 
-from rlft.types import Problem
+import dataclasses
+import itertools
+from typing import Any
+
 from rlft.errors import ConfigError
+from rlft.types import Problem
 
 ANSWER_FORMAT = " Give only the final answer inside <answer></answer>."
+DRAWS_PER_PROBLEM = 20  # a task whose generator repeats itself more than this is refused as too small
 
 
-def reasoning_gym_split(tasks: dict[str, float], size: int, eval_size: int, seed: int
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    weight: float
+    options: dict[str, Any]  # the generator's config keys (min_terms, max_digits, ...), checked against it
+
+
+def task_specs(tasks: dict[str, Any]) -> list[TaskSpec]:
+    """`data.tasks` entries, `name: weight` or `name: {weight: W, option: value, ...}`, checked against
+    reasoning-gym's registry and each generator's own config (its keys, their types, its validate())."""
+    import reasoning_gym.factory as factory
+    specs = []
+    for name, entry in tasks.items():
+        key = f"data.tasks.{name}"
+        if name not in factory.DATASETS:
+            raise ConfigError(f"{key}: reasoning-gym has no task '{name}' (it has {len(factory.DATASETS)}, "
+                              f"e.g. {', '.join(sorted(factory.DATASETS)[:6])})")
+        if isinstance(entry, dict):
+            options = dict(entry)
+            weight = options.pop("weight", 1.0)
+        else:
+            weight, options = entry, {}
+        _check_options(key, factory.DATASETS[name][1], options)
+        specs.append(TaskSpec(name, float(weight), options))
+    return specs
+
+
+def _check_options(key: str, config_class: type, options: dict[str, Any]) -> None:
+    known = {f.name: f for f in dataclasses.fields(config_class) if f.name not in ("seed", "size")}
+    for option, value in options.items():
+        if option not in known:
+            raise ConfigError(f"{key}.{option}: not an option of this task (its options: weight, "
+                              f"{', '.join(known)})")
+        default = known[option].default
+        expected = type(default) if isinstance(default, (bool, int, float, str)) else None
+        fits = expected is None or isinstance(value, expected) and not (expected is int and isinstance(value, bool)) \
+            or (expected is float and isinstance(value, int) and not isinstance(value, bool))
+        if not fits:
+            raise ConfigError(f"{key}.{option} must be {expected.__name__} like its default {default!r} "
+                              f"(got {value!r})")
+    try:
+        config_class(**options).validate()
+    except (AssertionError, ValueError) as err:  # reasoning-gym checks ranges with asserts
+        raise ConfigError(f"{key}: {err or 'the options are inconsistent'}") from None
+
+
+def reasoning_gym_split(tasks: dict[str, Any], size: int, eval_size: int, seed: int
                         ) -> tuple[list[Problem], list[Problem]]:
-    # held-out and training entries come from different seeds (a held-out one may repeat by chance)
-    return _mix(tasks, size, seed * 2 + 1), _mix(tasks, eval_size, seed * 2)
+    """(train, held_out): each task's share of both by weight; held-out questions are distinct and none is
+    among the training ones."""
+    specs = task_specs(tasks)
+    total = sum(spec.weight for spec in specs)
+    train, held_out = [], []
+    for index, spec in enumerate(specs):
+        eval_count = max(1, round(eval_size * spec.weight / total))
+        train_count = max(1, round(size * spec.weight / total))
+        entries = _entries(spec, seed * 1000 + index, DRAWS_PER_PROBLEM * (eval_count + train_count))
+        task_held_out = _distinct(entries, eval_count, spec)
+        taken = {entry["question"] for entry in task_held_out}
+        task_train = list(itertools.islice((e for e in entries if e["question"] not in taken), train_count))
+        if len(task_train) < train_count:
+            raise ConfigError(f"data.tasks.{spec.name}: its generator gave only {len(task_train)} training "
+                              f"problems besides the {eval_count} held out (widen its options or lower data.size)")
+        held_out += [_problem(spec.name, entry) for entry in task_held_out]
+        train += [_problem(spec.name, entry) for entry in task_train]
+    return train, held_out
 
 
-def _mix(tasks: dict[str, float], total: int, seed: int) -> list[Problem]:
+def _entries(spec: TaskSpec, seed: int, limit: int):
+    """The task's problems, generated lazily, at most `limit` (a generator may repeat itself)."""
     import reasoning_gym
-    weights = sum(tasks.values())
-    if weights <= 0:
-        raise ConfigError("data.tasks: the weights must add up to more than 0")
-    counts = {name: round(total * w / weights) for name, w in tasks.items()}
-    problems = []
-    for index, (name, count) in enumerate(counts.items()):
-        try:
-            dataset = reasoning_gym.create_dataset(name, size=max(1, count), seed=seed * 1000 + index)
-        except Exception as err:  # an unknown name raises inside reasoning-gym's registry
-            raise ConfigError(f"data.tasks: reasoning-gym has no task '{name}' ({err})") from None
-        for entry in dataset:
-            problems.append(Problem(prompt=entry["question"] + ANSWER_FORMAT, answer=str(entry["answer"]),
-                                    fields={"rg_task": name, "rg_entry": dict(entry)}))
-    return problems
+    dataset = reasoning_gym.create_dataset(spec.name, size=limit, seed=seed, **spec.options)
+    return (dataset[i] for i in range(limit))
+
+
+def _distinct(entries, count: int, spec: TaskSpec) -> list[dict]:
+    seen, out = set(), []
+    for draws, entry in enumerate(entries, 1):
+        if entry["question"] not in seen:
+            seen.add(entry["question"])
+            out.append(entry)
+            if len(out) == count:
+                return out
+        if draws >= DRAWS_PER_PROBLEM * count:
+            break
+    raise ConfigError(f"data.tasks.{spec.name}: its generator gave only {len(out)} distinct problems in "
+                      f"{DRAWS_PER_PROBLEM * count} draws, fewer than the {count} held out (lower data.eval_size "
+                      "or widen its options)")
+
+
+def _problem(name: str, entry: dict) -> Problem:
+    return Problem(prompt=entry["question"] + ANSWER_FORMAT, answer=str(entry["answer"]),
+                   fields={"rg_task": name, "rg_entry": dict(entry)})

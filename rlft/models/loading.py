@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from rlft.errors import ConfigError, first_line
 
@@ -76,3 +76,10 @@ def load_causal_lm(path: str, dtype: str, device: str, attn_implementation: str 
     except OSError as err:
         raise ConfigError(f"model.path '{path}': cannot load a causal LM ({first_line(err)})") from None
     return model.to(device)
+
+
+def empty_causal_lm(path: str) -> PreTrainedModel:
+    """The model's modules with their weights on the meta device: every shape, no memory, no file read but
+    the config (rlft.tooling.flops counts its work from it)."""
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))

@@ -110,9 +110,53 @@ def math_verify(completion: str, answer: str) -> float:
 
 @REWARDS.register("reasoning_gym")
 def reasoning_gym_score(completion: str, rg_task: str, rg_entry: dict) -> float:
-    """The score (0..1) of reasoning-gym's own verifier for the task, on the final answer."""
+    """reasoning-gym's own verifier (0..1) on the answer in the last <answer></answer>, as the prompt asks;
+    0 without the tags. Strict, so it is the accuracy: a lenient reading never inflates it."""
+    tagged = ANSWER_TAG.findall(completion)
+    return _reasoning_gym_verdict(tagged[-1].strip(), rg_task, rg_entry) if tagged else 0.0
+
+
+@REWARDS.register("reasoning_gym_lenient")
+def reasoning_gym_lenient(completion: str, rg_task: str, rg_entry: dict) -> float:
+    """The verifier on the answer in any of the usual final-answer forms (lenient_answer): a learning signal
+    for a model that answers right but not yet in the tags."""
+    return _reasoning_gym_verdict(lenient_answer(completion), rg_task, rg_entry)
+
+
+def _reasoning_gym_verdict(answer: str, rg_task: str, rg_entry: dict) -> float:
     import reasoning_gym
-    return float(reasoning_gym.get_score_answer_fn(rg_task)(final_answer(completion), rg_entry))
+    return float(reasoning_gym.get_score_answer_fn(rg_task)(answer, rg_entry))
+
+
+BOXED = re.compile(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}")
+ANSWER_IS = re.compile(r"(?:final answer|answer)\s*(?:is|:)\s*(.+)", re.IGNORECASE)
+DECORATION = " \t*_`$.:"  # markdown bold and code, LaTeX dollars, a closing full stop
+
+
+def lenient_answer(completion: str) -> str:
+    """The final answer in the forms small instruct models use, first match wins: <answer> tags, \\boxed{},
+    "The answer is X" / "Answer: X", the right side of the last line's last "=", else the last line."""
+    tagged = ANSWER_TAG.findall(completion)
+    if tagged:
+        return tagged[-1].strip()
+    boxed = BOXED.findall(completion)
+    if boxed:
+        return boxed[-1].strip()
+    lines = [line.strip() for line in completion.strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    stated = [m for line in lines if (m := ANSWER_IS.search(line))]
+    if stated:
+        return stated[-1][1].strip(DECORATION)
+    return lines[-1].rpartition("=")[2].strip(DECORATION)
+
+
+@REWARDS.register("answer_format")
+def answer_format(completion: str) -> float:
+    """1.0 when the completion ends with its one <answer></answer>, not empty: the layout the prompt asks
+    for, rewarded on its own (with its own weight) so the strict accuracy can be learned."""
+    tagged = ANSWER_TAG.findall(completion)
+    return float(len(tagged) == 1 and bool(tagged[0].strip()) and completion.rstrip().endswith("</answer>"))
 
 
 # Where a HumanEval completion's function body ends: the model goes on writing the next definition.

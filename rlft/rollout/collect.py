@@ -23,7 +23,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -130,10 +130,20 @@ class Collector:
                  ) -> tuple[list[str], Scores, EpisodeStats | None]:
         """Greedy completions of the held-out problems (multi-turn: whole episodes), their scores, and the
         episodes' stats."""
+        return self._scored(problems, SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens))
+
+    def sample(self, problems: list[Problem], n: int) -> tuple[list[str], Scores, EpisodeStats | None]:
+        """n completions of each problem sampled at the run's temperature and top_p (`rlft eval --samples`'s
+        pass@k), each problem's n adjacent, scored as `evaluate` scores them (no length shaping)."""
+        return self._scored(problems, replace(self.sampling, n=n))
+
+    def _scored(self, problems: list[Problem], params: SamplingParams
+                ) -> tuple[list[str], Scores, EpisodeStats | None]:
         self.wait()
-        greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens)
-        rollout, completions, episodes = self._generate(problems, greedy)
-        scores = _with_env_rewards(self.score(problems, completions, rollout.response_lengths.tolist()), episodes)
+        rollout, completions, episodes = self._generate(problems, params)
+        per_response = [p for p in problems for _ in range(params.n)]
+        scores = _with_env_rewards(self.score(per_response, completions, rollout.response_lengths.tolist()),
+                                   episodes)
         return (episodes.transcripts if episodes is not None else completions), scores, episodes
 
     def state(self) -> tuple[int, torch.Tensor]:

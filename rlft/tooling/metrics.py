@@ -3,7 +3,8 @@ the typed records of a step by `step_row` and `eval_row`; the console line, `rlf
 the sweep table read the names below.
 
 Namespaces: train/ (the update), reward/ (each reward function), rollout/ (what was generated), eval/
-(held-out), moe/ (mixture-of-experts routing), sync/ (weights to the engine), perf/ (time and memory).
+(held-out), moe/ (mixture-of-experts routing), sync/ (weights to the engine), perf/ (time, memory, and each
+phase's work against its floor at the machine's measured peaks: rlft.tooling.flops, rlft.tooling.peaks).
 """
 
 from __future__ import annotations
@@ -13,12 +14,15 @@ from contextlib import contextmanager
 
 import torch
 
+from rlft.tooling.flops import PHASES, PhaseWork, Roof
 from rlft.types import EpisodeStats, LossSettings, Problem, ScoredGroups, Scores, SyncStats, UpdateStats
 
 EVAL_ACCURACY = "eval/accuracy"
 TRAIN_REWARD = "train/reward_mean"
 TRAIN_TOKENS = "train/tokens"
 STEP_SECONDS = "perf/step_seconds"
+PHASE_SECONDS = {"generate": "perf/generate_seconds", "reference": "perf/ref_seconds",
+                 "forward": "perf/forward_seconds", "backward": "perf/backward_seconds"}  # the work phases' clocks
 
 CONSOLE_COLUMNS = [  # (metric, label, format) of the console's line per step
     (TRAIN_REWARD, "reward", "{:.3f}"),
@@ -72,10 +76,11 @@ def collected_row(step: int, groups: ScoredGroups) -> dict:
 
 
 def step_row(step: int, groups: ScoredGroups, rewards: torch.Tensor, stats: UpdateStats, sync: SyncStats,
-             collect_wait_seconds: float, loss: LossSettings, lr: float, clock: Stopwatch, peak_memory_mb: float
-             ) -> dict:
+             collect_wait_seconds: float, loss: LossSettings, lr: float, clock: Stopwatch, peak_memory_mb: float,
+             work: dict[str, PhaseWork] | None = None, roofs: dict[str, Roof] | None = None) -> dict:
     """The row of a step that trained; `rewards` [N] are the ones advantages came from (KL in the reward
-    included)."""
+    included). `work`: each phase's floor work (rlft.tooling.flops), `roofs`: each phase's measured peak
+    (None: never measured on this machine, so no fractions)."""
     rollout, scores = groups.rollout, groups.scores
     lengths = rollout.response_lengths.float()
     optional = {"train/kl_ref": stats.kl_ref, "train/clip_frac_low": stats.clip_frac_low,
@@ -114,7 +119,22 @@ def step_row(step: int, groups: ScoredGroups, rewards: torch.Tensor, stats: Upda
         row |= {"moe/routing_drift": r.routing_drift, "moe/router_drift": r.router_drift,
                 "moe/load_balance_loss": r.load_balance_loss, "moe/expert_load_cv": r.expert_load_cv,
                 **{f"moe/expert_tokens/{e}": n for e, n in enumerate(r.expert_tokens)}}
-    return row | {STEP_SECONDS: clock.total()}
+    row[STEP_SECONDS] = clock.total()
+    return row if work is None else row | work_row(row, work, roofs)
+
+
+def work_row(row: dict, work: dict[str, PhaseWork], roofs: dict[str, Roof] | None) -> dict:
+    """perf/{phase}_tflop, the work each phase did; with measured peaks, perf/{phase}_peak_fraction, its
+    floor time over the time it took (1.0: as fast as the machine allows), and the step's: the floors of
+    the four phases over the whole step (reward, optimizer and sync have no floor: they count as 0)."""
+    out = {f"perf/{phase}_tflop": work[phase].flops / 1e12 for phase in PHASES}
+    if roofs is None:
+        return out
+    floors = {phase: work[phase].floor_seconds(roofs[phase]) for phase in PHASES}
+    out |= {f"perf/{phase}_peak_fraction": floors[phase] / row[PHASE_SECONDS[phase]] for phase in PHASES
+            if floors[phase] > 0 and row[PHASE_SECONDS[phase]] > 0}
+    return out | {"perf/step_floor_seconds": sum(floors.values()),
+                  "perf/step_floor_fraction": sum(floors.values()) / row[STEP_SECONDS]}
 
 
 def eval_row(step: int, problems: list[Problem], completions: list[str], scores: Scores,
@@ -129,6 +149,16 @@ def eval_row(step: int, problems: list[Problem], completions: list[str], scores:
     if episodes is not None:
         row |= episode_metrics("eval/episode", episodes)
     return row
+
+
+def sampled_row(k: int, scores: Scores) -> dict:
+    """`rlft eval --samples k`: k sampled completions per held-out problem (adjacent in `scores`). pass@k is
+    the share of problems with at least one correct (with n = k samples the unbiased estimator of Chen et
+    al. 2021, arXiv 2107.03374, is exactly this)."""
+    correct = scores.correct.view(-1, k)                                  # [P, k]
+    return {f"eval/pass@{k}": (correct > 0).any(dim=1).float().mean().item(),
+            "eval/sampled_accuracy": correct.mean().item(), "eval/sampled_reward_mean": scores.total.mean().item(),
+            "eval/samples_per_problem": k}
 
 
 def episode_metrics(prefix: str, e: EpisodeStats) -> dict:
