@@ -80,9 +80,11 @@ def test_a_dead_learner_rank_stops_cleanly_and_the_checkpoint_resumes_on_one_ran
     run = tmp_path / "ray"
     monkeypatch.setenv("RLFT_FAULT_LEARNER_EXIT_AT_UPDATE", "3")
     monkeypatch.setenv("RLFT_FAULT_LEARNER_RANK", "1")
-    # sharded (FSDP2 over gloo): the checkpoint holds the gathered full state
+    # sharded (FSDP2 over gloo): the checkpoint holds the gathered full state. One checkpoint (step 2) before
+    # the death: torch 2.13's full-state gather over gloo (functional collectives) has segfaulted a rank once
+    # in about five runs here, a death that is reported as such but is not the one this test injects
     proc = rlft("train", f"hydra.run.dir={run}", *RUN, "hardware=cpu_ray", "hardware.fsdp=true",
-                "trainer.save_every=1", check=False)
+                "trainer.save_every=2", check=False)
     assert proc.returncode == 2
     error = proc.stderr.strip().splitlines()[-1]
     assert "learner rank 1 of 2 died" in error and "step 3" in error
