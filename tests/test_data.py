@@ -174,6 +174,11 @@ def test_reasoning_gym_generator_options_shape_the_problems_and_are_checked():
                                                      r"\(its options: weight, min_terms, max_terms"),
                          ({"chain_sum": {"min_terms": "2"}}, r"^data.tasks.chain_sum.min_terms must be int like its "
                                                              r"default 2 \(got '2'\)$"),
+                         ({"chain_sum": {"min_terms": True}}, r"^data.tasks.chain_sum.min_terms must be int like its "
+                                                              r"default 2 \(got True\)$"),
+                         ({"basic_arithmetic": {"min_terms": 2.0}}, r"^data.tasks.basic_arithmetic.min_terms must be int"),
+                         ({"binary_alternation": {"p_solvable": float("nan")}},
+                          r"^data.tasks.binary_alternation.p_solvable must be a finite number \(got nan\)$"),
                          ({"chain_sum": {"min_terms": 5, "max_terms": 3}},
                           r"^data.tasks.chain_sum: max_terms must be >= min_terms$")]:
         with pytest.raises(ConfigError, match=message):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from typing import Any
 
 from rlft.errors import ConfigError
@@ -49,16 +50,27 @@ def _check_options(key: str, config_class: type, options: dict[str, Any]) -> Non
             raise ConfigError(f"{key}.{option}: not an option of this task (its options: weight, "
                               f"{', '.join(known)})")
         default = known[option].default
-        expected = type(default) if isinstance(default, (bool, int, float, str)) else None
-        fits = expected is None or isinstance(value, expected) and not (expected is int and isinstance(value, bool)) \
-            or (expected is float and isinstance(value, int) and not isinstance(value, bool))
-        if not fits:
-            raise ConfigError(f"{key}.{option} must be {expected.__name__} like its default {default!r} "
+        if not _same_kind(value, default):
+            raise ConfigError(f"{key}.{option} must be {type(default).__name__} like its default {default!r} "
                               f"(got {value!r})")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{key}.{option} must be a finite number (got {value})")
     try:
         config_class(**options).validate()
     except (AssertionError, ValueError) as err:  # reasoning-gym checks ranges with asserts
         raise ConfigError(f"{key}: {err or 'the options are inconsistent'}") from None
+
+
+def _same_kind(value, default) -> bool:
+    """`value` may stand where the generator's `default` stands: the same simple type (an int for a float;
+    a bool is not an int here); other defaults (None, lists) are the generator's to check."""
+    if not isinstance(default, (bool, int, float, str)):
+        return True
+    if isinstance(value, bool) or isinstance(default, bool):
+        return isinstance(value, bool) and isinstance(default, bool)
+    if isinstance(default, float):
+        return isinstance(value, (int, float))
+    return isinstance(value, type(default))
 
 
 def reasoning_gym_split(tasks: dict[str, Any], size: int, eval_size: int, seed: int
