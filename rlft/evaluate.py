@@ -22,6 +22,7 @@ from rlft.errors import ConfigError
 from rlft.learner.local import LocalLearner
 from rlft.preflight import preflight, torch_threads
 from rlft.rollout import engine_for
+from rlft.tooling.allocator import reuse_freed_memory
 from rlft.tooling.metrics import eval_row, sampled_row
 from rlft.trainer import build_collector
 from rlft.types import RolloutEngine
@@ -90,6 +91,7 @@ def evaluate(cfg: RunConfig, checkpoint: Path | None = None, samples: int = 0) -
         raise ConfigError("rlft eval runs in this one process: name a one-process placement (hardware=cpu, or "
                           "hardware=1gpu_colocated on a GPU); a checkpoint loads on any placement")
     torch.set_num_threads(torch_threads(default=len(os.sched_getaffinity(0))))  # as the trainer's: same kernels
+    reuse_freed_memory()
     torch.manual_seed(cfg.seed)
     try:
         engine = engine_for(cfg, prepared.model_path, cfg.seed)

@@ -35,6 +35,7 @@ from rlft.preflight import Prepared, RunControls, describe_run, preflight, torch
 from rlft.rollout import engine_for
 from rlft.run_dir import RunLock, check_unused
 from rlft.rollout.collect import Collector, Overlong
+from rlft.tooling.allocator import reuse_freed_memory
 from rlft.tooling.flops import model_shape, rollout_tokens, step_work
 from rlft.tooling.metrics import EVAL_ACCURACY, Stopwatch, collected_row, eval_row, step_row
 from rlft.tooling.monitor import Monitor, read_metrics, truncate_metrics
@@ -61,6 +62,7 @@ def train(cfg: RunConfig, run_dir: Path, controls: RunControls = RunControls(),
 
 def _train(cfg: RunConfig, run_dir: Path, controls: RunControls, prepared: Prepared) -> dict:
     torch.set_num_threads(torch_threads(default=len(os.sched_getaffinity(0))))
+    reuse_freed_memory()
     torch.manual_seed(cfg.seed)
     cluster = None
     try:
@@ -73,11 +75,21 @@ def _train(cfg: RunConfig, run_dir: Path, controls: RunControls, prepared: Prepa
             learner, engine = cluster.learner, cluster.engine
         else:
             learner, engine = LocalLearner(cfg, prepared.model_path), engine_for(cfg, prepared.model_path, cfg.seed)
+            if engine_shares_weights(cfg):
+                engine.share_weights(learner.policy.model)
         return Loop(cfg, run_dir, prepared, controls, learner, engine).run()
     finally:
         prepared.scorer.close()
         if cluster is not None:
             cluster.shutdown()
+
+
+def engine_shares_weights(cfg: RunConfig) -> bool:
+    """Whether the engine samples from the learner's own weights: a Hugging Face engine in the learner's
+    process that only serves the newest weights (no batch generated ahead) in the learner's dtype, with
+    no LoRA (it gets merged weights). vLLM, Ray actors and asynchronous runs keep their own copy."""
+    return (cfg.rollout.engine == "hf" and not cfg.hardware.ray and cfg.rollout.staleness == 0
+            and cfg.model.lora is None and cfg.model.dtype == cfg.model.master_dtype)
 
 
 class Loop:

@@ -4,7 +4,7 @@ import torch
 from rlft.learner.logprobs import response_logprobs
 from rlft.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
 from conftest import push_weights
-from rlft.rollout.hf_engine import HFEngine, _top_p_filter
+from rlft.rollout.hf_engine import HFEngine, _inverse_cdf_sample, _top_p_filter
 from rlft.types import SamplingParams
 
 PROMPTS = ["57+65=", "12+34=", "9+99=", "40+41="]
@@ -88,6 +88,52 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
     probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
     assert torch.allclose(_top_p_filter(probs, 0.7), torch.tensor([[0.5, 0.3, 0.0, 0.0]]))
     assert torch.allclose(_top_p_filter(probs, 0.5), torch.tensor([[0.5, 0.0, 0.0, 0.0]]))
+
+
+def test_inverse_cdf_draws_each_index_with_its_probability_and_never_a_zero_one():
+    weights = torch.tensor([[0.5, 0.0, 0.2, 0.3, 0.0], [0.0, 0.0, 0.0, 0.0, 4.0], [1.0, 1.0, 0.0, 2.0, 0.0]])
+    generator = torch.Generator().manual_seed(0)
+    draws = torch.stack([_inverse_cdf_sample(weights, generator) for _ in range(20_000)])   # [draws, rows]
+    for row in range(3):
+        frequency = torch.bincount(draws[:, row], minlength=5).double() / len(draws)
+        expected = weights[row].double() / weights[row].sum()
+        assert (frequency - expected).abs().max() < 0.015  # about 4 standard errors at 20k draws
+        assert (frequency[expected == 0] == 0).all()
+
+
+def test_sampling_at_a_temperature_draws_from_the_tempered_distribution(parts):
+    path, tokenizer, prompts = parts
+    engine = make_engine(path, tokenizer)
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]]).repeat(20_000, 1)
+    tokens, logprobs = engine._sample(logits, SamplingParams(n=1, temperature=0.5, max_new_tokens=1))
+    tempered = torch.log_softmax(logits[0] / 0.5, -1)
+    assert (torch.bincount(tokens, minlength=4) / len(tokens) - tempered.exp()).abs().max() < 0.015
+    assert torch.allclose(logprobs, tempered[tokens])
+
+
+def test_an_engine_sharing_the_learner_weights_samples_from_them_without_a_copy(parts):
+    path, tokenizer, prompts = parts
+    learner = load_causal_lm(path, "float32", "cpu")
+    engine, copy = make_engine(path, tokenizer), make_engine(path, tokenizer)
+    engine.share_weights(learner)
+    embedding = engine.model.get_input_embeddings().weight
+    assert embedding.data_ptr() == learner.get_input_embeddings().weight.data_ptr()
+    assert engine.model.get_output_embeddings().weight is embedding  # tied weights stay tied
+    assert not embedding.requires_grad and all(p.requires_grad for p in learner.parameters())
+    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=6)
+    assert torch.equal(engine.generate(prompts, greedy).response_ids, copy.generate(prompts, greedy).response_ids)
+    with torch.no_grad():  # an optimizer step, in place: the shared engine has it with no push
+        for p in learner.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(0)) * 0.5)
+    assert engine.shares_learner_weights and not copy.shares_learner_weights  # a learner pushes it nothing
+    push_weights(learner, copy)
+    push_weights(learner, engine)  # were it pushed, it copies nothing and breaks nothing
+    after = engine.generate(prompts, greedy)
+    assert torch.equal(after.response_ids, copy.generate(prompts, greedy).response_ids)
+    expected = response_logprobs(learner, after.prompt_ids, after.prompt_mask, after.response_ids, after.response_mask)
+    assert (expected - after.logprobs).abs().max() < 1e-3
+    with pytest.raises(ValueError, match="cannot share weight"):
+        make_engine(path, tokenizer).share_weights(load_causal_lm(path, "float32", "cpu").double())
 
 
 def test_a_group_shares_one_prompt_prefill_and_samples_as_if_each_had_its_own(parts):

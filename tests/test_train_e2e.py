@@ -39,7 +39,10 @@ def test_a_tiny_run_writes_metrics_checkpoints_and_a_loadable_final_model(rlft, 
                 "perf/reward_seconds", "perf/ref_seconds", "perf/forward_seconds", "perf/backward_seconds",
                 "perf/optimizer_seconds", "train/lr", "train/eps_high"):
         assert key in train_rows[0], key
-    assert train_rows[0]["rollout/logprob_diff_mean"] < 1e-4  # engine and learner agree on the same weights
+    # the on-policy HF engine samples from the learner's own weights: nothing to push, and every step's
+    # batch comes from exactly the weights the learner scores it with
+    assert all(r["sync/bytes"] == 0 for r in train_rows)
+    assert all(r["rollout/logprob_diff_mean"] < 1e-4 for r in train_rows)
     assert [r["train/eps_high"] for r in train_rows] == [0.2] * 4  # the bound in use (constant without a schedule)
     assert all(r["rollout/staleness"] == 0 for r in train_rows)  # on-policy unless rollout.async_steps=1
     assert (run / "checkpoints" / "latest").read_text() == "step_000004"
@@ -118,6 +121,7 @@ def test_generating_ahead_keeps_its_schedule_and_resumes_exactly(rlft, tmp_path,
     fresh = [r["rollout/logprob_diff_mean"] for r in rows if r["rollout/staleness"] == 0]
     stale = [r["rollout/logprob_diff_mean"] for r in rows if r["rollout/staleness"] == max(staleness)]
     assert max(fresh) < 1e-4 and min(stale) > 10 * max(fresh), (fresh, stale)
+    assert all(r["sync/bytes"] > 0 for r in rows)  # an engine generating ahead keeps its own copy
     if "partial" in ahead:  # responses continued across a weight push, and the token ages say so
         assert sum(r["rollout/carried_groups"] for r in rows) > 0
         assert all(r["staleness/tokens_2"] > 0 for r in rows if r["rollout/staleness"] == 2)

@@ -77,11 +77,15 @@ class ActorSetup:
 
 
 def prepare_actor_process(threads: int) -> None:
-    """At the start of an actor: its torch threads, and no per-actor "Loading weights" bars on the console."""
+    """At the start of an actor: its torch threads, freed memory kept for reuse (as the trainer's process),
+    and no per-actor "Loading weights" bars on the console."""
     import torch
     from transformers.utils import logging as hf_logging
+
+    from rlft.tooling.allocator import reuse_freed_memory
     hf_logging.disable_progress_bar()
     torch.set_num_threads(threads)
+    reuse_freed_memory()
 
 
 def actor_env() -> dict[str, str]:

@@ -92,7 +92,10 @@ class LocalLearner:
         return torch.cat(parts) if parts else torch.zeros(0, rollout.response_ids.shape[1])
 
     def push_weights(self, engine: RolloutEngine) -> SyncStats:
-        """To an engine in this process, by name."""
+        """To an engine in this process, by name; nothing to an engine sampling from the learner's own
+        weights (HFEngine.share_weights)."""
+        if getattr(engine, "shares_learner_weights", False):
+            return SyncStats(seconds=0.0, bytes=0)
         named = list(self.rollout_weights().items())
         start = time.perf_counter()
         engine.update_weights(named)

@@ -27,6 +27,7 @@ class HFEngine:
         self.max_batch_size = max_batch_size
         self.generator = torch.Generator(device=model.device).manual_seed(seed)
         self._tensors = dict(model.named_parameters()) | dict(model.named_buffers())
+        self.shares_learner_weights = False  # share_weights: the learner's own tensors, nothing to push
         self.routes = None
         if return_routes:  # MoE: the experts of every prefill and decode step, for routing replay (R3)
             self.routes = RouteRecorder(model)
@@ -105,20 +106,47 @@ class HFEngine:
         if params.temperature == 0:
             token = logits.argmax(-1)
             return token, torch.log_softmax(logits, -1).gather(-1, token[:, None])[:, 0]
-        logp = torch.log_softmax(logits / params.temperature, -1)
-        probs = logp.exp()
+        if params.temperature != 1.0:
+            logits = logits / params.temperature
+        log_normaliser = torch.logsumexp(logits, -1, keepdim=True)               # [B, 1]
+        probs = (logits - log_normaliser).exp_()                                 # [B, V]
         if params.top_p < 1.0:
             probs = _top_p_filter(probs, params.top_p)
-        token = torch.multinomial(probs, 1, generator=self.generator)[:, 0]
+        token = _inverse_cdf_sample(probs, self.generator)
         # The log-prob of the sampling policy before top-p truncation, as the learner computes it.
-        return token, logp.gather(-1, token[:, None])[:, 0]
+        return token, logits.gather(-1, token[:, None])[:, 0] - log_normaliser[:, 0]
 
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         for name, tensor in named_tensors:
             if name not in self._tensors:
                 raise KeyError(f"engine has no weight named '{name}'")
-            self._tensors[name].copy_(tensor)
+            target = self._tensors[name]
+            if target.data_ptr() != tensor.data_ptr():  # a shared weight (share_weights) is already there
+                target.copy_(tensor)
+
+    def share_weights(self, model: torch.nn.Module) -> None:
+        """Sample from `model`'s own weight storage from now on, instead of a copy: an engine in the
+        learner's process that only ever serves the newest weights (on-policy, same dtype and device)
+        needs no second copy and no sync (SmolLM2: 540 MB less, docs/bench_vs_trl.md). Tied weights stay
+        tied: every module's parameter is replaced by name. The engine's own copy is freed."""
+        sources = dict(model.named_parameters(remove_duplicate=False))
+        views: dict[int, torch.nn.Parameter] = {}  # one per learner weight: tied names share one
+        for module_name, module in self.model.named_modules():
+            for name, param in list(module._parameters.items()):
+                if param is None:  # an absent bias
+                    continue
+                full_name = f"{module_name}.{name}" if module_name else name
+                source = sources.get(full_name)
+                if source is None or (source.shape, source.dtype, source.device) != (
+                        param.shape, param.dtype, param.device):
+                    raise ValueError(f"cannot share weight '{full_name}': the learner's model has "
+                                     f"{'no such weight' if source is None else 'another shape, dtype or device'}")
+                if id(source) not in views:
+                    views[id(source)] = torch.nn.Parameter(source.detach(), requires_grad=False)
+                module._parameters[name] = views[id(source)]
+        self._tensors = dict(self.model.named_parameters()) | dict(self.model.named_buffers())
+        self.shares_learner_weights = True
 
     def sleep(self) -> None:
         """Nothing to release: the engine's memory is its model's."""
@@ -136,3 +164,14 @@ def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     mass_before = sorted_probs.cumsum(-1) - sorted_probs
     sorted_probs = torch.where(mass_before < top_p, sorted_probs, torch.zeros_like(sorted_probs))
     return torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+
+
+def _inverse_cdf_sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """[B] one index per row of unnormalised, non-negative `probs` [B, V], drawn with probability
+    proportional to its entry: one uniform number per row against the row's running sum. Exact like
+    torch.multinomial, which draws one exponential number per vocabulary entry (most of the decode
+    step's sampling time at a 49k vocabulary). A zero entry is never drawn: its running sum equals
+    the one before it."""
+    cumulative = probs.cumsum(-1)                                                # [B, V]
+    draw = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device) * cumulative[:, -1:]
+    return torch.searchsorted(cumulative, draw, right=True)[:, 0].clamp_(max=probs.shape[-1] - 1)
