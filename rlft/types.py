@@ -201,6 +201,9 @@ class LossSettings:
     tau_neg: float = 1.05              # sapo: for A <= 0
     kl_cov_frac: float = 2e-3          # kl_cov: share of the tokens that get the KL term
     kl_cov_coef: float = 1.0           # kl_cov: its weight
+    clip_cov_frac: float = 2e-4        # clip_cov: share of the tokens whose gradient is removed
+    clip_cov_low: float = 1.0          # clip_cov: the covariance band (low, high) they are drawn from
+    clip_cov_high: float = 5.0
     correction: str | None = None      # a registered rollout correction (rlft.algos.corrections); None = off
     correction_low: float = 0.5        # the masks' ratio band [low, high]
     correction_high: float = 2.0

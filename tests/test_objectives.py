@@ -1,4 +1,4 @@
-"""The objectives beside PPO-clip (CISPO, GMPO, SAPO, KL-Cov) and the advantage estimators RLOO and
+"""The objectives beside PPO-clip (CISPO, GMPO, SAPO, KL-Cov, Clip-Cov) and the advantage estimators RLOO and
 REINFORCE++ against docs/objectives.md: loop-by-loop float64 references written here, token by token with
 0-d tensors (nothing shared with the vectorised code), their values to 1e-6 and their gradients (autograd
 through the reference) against the implementation's; the presets compose and run their objective."""
@@ -21,18 +21,28 @@ from rlft.errors import ConfigError
 
 
 def reference_token_losses(objective, logp, old, adv, mask, *, ratio_level="token", eps_low=0.2, eps_high=0.2,
-                           clip_ratio_c=None, tau_pos=1.0, tau_neg=1.05, kl_cov_frac=0.1, kl_cov_coef=1.0):
-    """{(i, t): loss of token t of response i} for the masked tokens, as 0-d tensors of logp's graph."""
+                           clip_ratio_c=None, tau_pos=1.0, tau_neg=1.05, kl_cov_frac=0.1, kl_cov_coef=1.0,
+                           clip_cov_frac=0.2, clip_cov_low=1.0, clip_cov_high=5.0):
+    """{(i, t): loss of token t of response i} for the masked tokens, as 0-d tensors of logp's graph.
+    clip_cov draws its tokens from torch's global generator: seed it as for the implementation."""
     n, t_max = logp.shape
     tokens = {i: [t for t in range(t_max) if mask[i, t] > 0] for i in range(n)}
     out = {}
-    if objective == "kl_cov":
+    if objective in ("kl_cov", "clip_cov"):
         # the covariance of (detached) logp and A over every masked token of the batch
         flat = [(i, t) for i in range(n) for t in tokens[i]]
         mean_lp = sum(logp[i, t].item() for i, t in flat) / len(flat)
         mean_a = sum(float(adv[i]) for i, _ in flat) / len(flat)
         cov = {(i, t): (logp[i, t].item() - mean_lp) * (float(adv[i]) - mean_a) for i, t in flat}
         chosen = set(sorted(flat, key=lambda key: -cov[key])[:int(kl_cov_frac * len(flat))])
+    if objective == "clip_cov":
+        def clip_acts(i, t):
+            r, a = math.exp(logp[i, t].item() - old[i, t].item()), float(adv[i])
+            return (r < 1 - eps_low and a < 0) or (r > 1 + eps_high and a > 0)
+        # row by row, as the implementation lists them; then a uniform draw of that many
+        candidates = [key for key in flat if not clip_acts(*key) and clip_cov_low < cov[key] < clip_cov_high]
+        count = min(max(1, int(clip_cov_frac * len(flat))), len(candidates))
+        detached = {candidates[j] for j in torch.randperm(len(candidates))[:count].tolist()}
     for i in range(n):
         if not tokens[i]:
             continue
@@ -66,6 +76,10 @@ def reference_token_losses(objective, logp, old, adv, mask, *, ratio_level="toke
                 loss = -(4 / tau) / (1 + torch.exp(-tau * (r - 1))) * a
             elif objective == "kl_cov":
                 loss = -a * r + (kl_cov_coef * torch.abs(logp[i, t] - old[i, t]) if (i, t) in chosen else 0.0)
+            elif objective == "clip_cov":
+                loss = -torch.minimum(r * a, torch.clamp(r, 1 - eps_low, 1 + eps_high) * a)
+                if (i, t) in detached:
+                    loss = loss * 0.0
             out[i, t] = loss
     return out
 
@@ -111,6 +125,8 @@ CASES = [  # (objective, its settings): each at its paper's values and at others
     ("sapo", dict(tau_pos=2.0, tau_neg=2.5, ratio_level="sequence")),
     ("kl_cov", dict(kl_cov_frac=0.1, kl_cov_coef=1.0)),
     ("kl_cov", dict(kl_cov_frac=0.3, kl_cov_coef=0.5)),
+    ("clip_cov", dict(clip_cov_frac=0.2, clip_cov_low=0.0, clip_cov_high=5.0)),
+    ("clip_cov", dict(eps_low=0.1, eps_high=0.3, clip_cov_frac=0.5, clip_cov_low=-0.5, clip_cov_high=0.5)),
 ]
 
 
@@ -123,10 +139,12 @@ def run_both(objective, settings, loss_agg, seed):
                                                                   if k in ("eps_low", "eps_high", "clip_ratio_c")}
     others = {k: v for k, v in settings.items() if k not in clip}
     logp = logp0.clone().requires_grad_(True)
+    torch.manual_seed(seed)  # clip_cov's draw
     loss, metrics = policy_loss(logp, old, adv, mask, ratio_level=ratio_level, loss_agg=loss_agg, objective=objective,
                                 **clip, **others, **counts(mask))
     loss.backward()
     ref_logp = logp0.clone().requires_grad_(True)
+    torch.manual_seed(seed)
     losses = reference_token_losses(objective, ref_logp, old, adv, mask, ratio_level=ratio_level, **clip, **others)
     expected = reference_aggregate(losses, mask, loss_agg, max_response_len=5)
     expected.backward()
@@ -219,6 +237,28 @@ def test_kl_cov_selects_the_tokens_of_largest_covariance():
     assert metrics["kl_cov/selected_frac"] == 0.25
 
 
+def test_clip_cov_removes_the_gradient_of_drawn_tokens_only_inside_the_band():
+    # Four unclipped tokens (r = 1): logp -1, -1 | -3, -1 and A +1 | -2 give covariances 0.75, 0.75 | 2.25,
+    # -0.75. The band (1, 5) holds the third alone, so with frac 0.25 (one token) it is always the one drawn.
+    logp = torch.tensor([[-1.0, -1.0], [-3.0, -1.0]], dtype=torch.float64).requires_grad_(True)
+    old, adv, mask = logp.detach().clone(), torch.tensor([1.0, -2.0], dtype=torch.float64), torch.ones(2, 2)
+    settings = dict(objective="clip_cov", ratio_level="token", eps_low=0.2, eps_high=0.2, clip_ratio_c=None,
+                    loss_agg="token_mean", clip_cov_frac=0.25, clip_cov_low=1.0, **counts(mask, 2))
+    for seed in range(5):
+        torch.manual_seed(seed)
+        logp.grad = None
+        loss, metrics = policy_loss(logp, old, adv, mask, clip_cov_high=5.0, **settings)
+        loss.backward()
+        assert logp.grad.flatten().tolist() == pytest.approx([-1 / 4, -1 / 4, 0.0, 2 / 4])  # -A r / 4, not the drawn
+        assert metrics["clip_cov/detached_frac"] == 0.25
+    # a band that holds nothing removes nothing: PPO-clip's gradient
+    logp.grad = None
+    loss, metrics = policy_loss(logp, old, adv, mask, clip_cov_high=2.0, **settings)
+    loss.backward()
+    assert logp.grad.flatten().tolist() == pytest.approx([-1 / 4, -1 / 4, 2 / 4, 2 / 4])
+    assert metrics["clip_cov/detached_frac"] == 0.0
+
+
 def test_an_objective_refuses_a_ratio_level_it_is_not_defined_at():
     logp, old, adv, mask = random_batch(0)
     with pytest.raises(ValueError, match="objective 'gmpo' works at ratio level token, not sequence"):
@@ -234,10 +274,14 @@ def test_ppo_clip_is_the_default_objective():
         policy_loss(logp, old, adv, mask, objective="ppo_clip", **settings)[0].item()
 
 
-@pytest.mark.parametrize("objective,settings", [c for c in CASES if c[0] != "kl_cov"],
-                         ids=[f"{o}-{i}" for i, (o, _) in enumerate(CASES) if o != "kl_cov"])
+PER_MICRO_BATCH = ("kl_cov", "clip_cov")
+
+
+@pytest.mark.parametrize("objective,settings", [c for c in CASES if c[0] not in PER_MICRO_BATCH],
+                         ids=[f"{o}-{i}" for i, (o, _) in enumerate(CASES) if o not in PER_MICRO_BATCH])
 def test_gradient_accumulation_gives_the_same_gradient(objective, settings):
-    """KL-Cov aside (it ranks a micro-batch's tokens, as the paper's implementation does: docs/objectives.md)."""
+    """KL-Cov and Clip-Cov aside (they select among a micro-batch's tokens, as the paper's implementation
+    does: docs/objectives.md)."""
     logp0, old, adv, mask = random_batch(4, n=8, t=6)
     settings = dict(settings)
     kwargs = dict(ratio_level=settings.pop("ratio_level", "token"), eps_low=settings.pop("eps_low", 0.2),
@@ -309,7 +353,8 @@ def algo(name, *overrides):
     return run.algo
 
 
-PRESETS = {"cispo": "cispo", "gmpo": "gmpo", "sapo": "sapo", "kl_cov": "kl_cov", "rloo": "ppo_clip",
+PRESETS = {"cispo": "cispo", "gmpo": "gmpo", "sapo": "sapo", "kl_cov": "kl_cov", "clip_cov": "clip_cov",
+           "rloo": "ppo_clip",
            "reinforce_pp": "ppo_clip"}
 
 
@@ -332,6 +377,8 @@ def test_presets_have_the_papers_values():
     assert math.log(1 - gmpo.eps_low) == pytest.approx(-0.4) and math.log(1 + gmpo.eps_high) == pytest.approx(0.4)
     assert (gmpo.loss_agg, sapo.sapo.tau_pos, sapo.sapo.tau_neg) == ("seq_mean", 1.0, 1.05)
     assert (kl_cov.kl_cov.frac, kl_cov.kl_cov.coef) == (2e-3, 1.0)
+    clip_cov = algo("clip_cov").clip_cov
+    assert (clip_cov.frac, clip_cov.low, clip_cov.high) == (2e-4, 1.0, 5.0)
     assert (algo("rloo").scale_rewards, algo("reinforce_pp").scale_rewards) == ("rloo", "reinforce_pp")
 
 
@@ -342,6 +389,8 @@ def test_objective_keys_reach_the_loss_settings():
     assert (s.tau_pos, s.tau_neg) == (1.0, 1.05)  # a null section is the paper's values
     s = loss_settings(algo("kl_cov", "kl_cov.frac=0.01"), step=1, max_response_len=4)
     assert (s.kl_cov_frac, s.kl_cov_coef) == (0.01, 1.0)
+    s = loss_settings(algo("clip_cov", "clip_cov.high=3"), step=1, max_response_len=4)
+    assert (s.objective, s.clip_cov_frac, s.clip_cov_low, s.clip_cov_high) == ("clip_cov", 2e-4, 1.0, 3.0)
 
 
 CONFIG_ERRORS = [
@@ -349,13 +398,18 @@ CONFIG_ERRORS = [
     (["objective=kl_cov", "ratio_level=sequence_token"], "algo.objective=kl_cov works at algo.ratio_level=token"),
     (["objective=sapo", "clip_ratio_c=3"], "algo.clip_ratio_c is a key of algo.objective=ppo_clip, not of sapo"),
     (["objective=sapo", "eps_high_schedule.end=0.3"],
-     "algo.eps_high_schedule is a key of algo.objective=ppo_clip or cispo or gmpo, not of sapo"),
+     "algo.eps_high_schedule is a key of algo.objective=ppo_clip or cispo or gmpo or clip_cov, not of sapo"),
     (["sapo.tau_pos=2"], "algo.sapo is a key of algo.objective=sapo, not of ppo_clip"),
     (["kl_cov.frac=0.1"], "algo.kl_cov is a key of algo.objective=kl_cov, not of ppo_clip"),
     (["objective=sapo", "sapo.tau_neg=0"], "algo.sapo.tau_neg must be a finite number > 0 (got 0"),
     (["objective=kl_cov", "kl_cov.frac=0"], "algo.kl_cov.frac must be in (0, 1] (got 0"),
     (["objective=kl_cov", "kl_cov.frac=1.5"], "algo.kl_cov.frac must be in (0, 1] (got 1.5)"),
     (["objective=kl_cov", "kl_cov.coef=-1"], "algo.kl_cov.coef must be >= 0 (got -1"),
+    (["clip_cov.frac=0.1"], "algo.clip_cov is a key of algo.objective=clip_cov, not of ppo_clip"),
+    (["objective=clip_cov", "clip_cov.frac=0"], "algo.clip_cov.frac must be in (0, 1] (got 0"),
+    (["objective=clip_cov", "clip_cov.low=5", "clip_cov.high=1"],
+     "algo.clip_cov.low must be below algo.clip_cov.high (got 5"),
+    (["objective=clip_cov", "ratio_level=sequence"], "algo.objective=clip_cov works at algo.ratio_level=token"),
     (["eps_low=1.5"], "algo.eps_low must be in [0, 1] (got 1.5)"),
 ]
 

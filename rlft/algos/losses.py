@@ -1,8 +1,8 @@
 """The policy loss of ALGORITHMS.md as pure tensor functions: ratios, objectives (PPO-clip and the ones of
 docs/objectives.md), KL, aggregation.
 
-GRPO, DAPO and GSPO are settings of `policy_loss`, not separate code paths; CISPO, GMPO, SAPO and KL-Cov
-are registered objectives beside PPO-clip. Ratio levels, objectives, KL estimators and aggregations are
+GRPO, DAPO and GSPO are settings of `policy_loss`, not separate code paths; CISPO, GMPO, SAPO, KL-Cov and
+Clip-Cov are registered objectives beside PPO-clip. Ratio levels, objectives, KL estimators and aggregations are
 registered by name (the config's choices are these names); adding one is one function here and its test.
 The rollout corrections (engine vs learner log-probs) are in rlft.algos.corrections. Shapes: N responses in
 the micro-batch, T response tokens (right-padded); `mask` is 1 on tokens that count in the loss.
@@ -156,6 +156,30 @@ def kl_cov(log_ratio, logp, advantages, mask, *, kl_cov_frac: float, kl_cov_coef
     return Surrogate(loss, never, never, {"kl_cov/selected_frac": share})
 
 
+@OBJECTIVES.register("clip_cov", uses=("eps_low", "eps_high", "clip_cov_frac", "clip_cov_low", "clip_cov_high"),
+                     ratio_levels=("token",))
+def clip_cov(log_ratio, logp, advantages, mask, *, eps_low: float, eps_high: float, clip_cov_frac: float,
+             clip_cov_low: float, clip_cov_high: float) -> Surrogate:
+    """PPO-clip, with the loss (so the gradient) of a few tokens removed: of the M masked tokens of this
+    micro-batch that the clip left alone and whose covariance (logp - mean logp)(A - mean A) lies strictly
+    inside (clip_cov_low, clip_cov_high), a uniformly random max(1, floor(clip_cov_frac x M)) (Clip-Cov,
+    arXiv 2505.22617). The draw uses torch's global generator, which checkpoints save and resume restores."""
+    ratio = log_ratio.exp()
+    loss, clipped_low, clipped_high = clipped_surrogate(ratio, advantages, eps_low, eps_high)
+    on = mask.bool()
+    detached = torch.zeros_like(on)
+    with torch.no_grad():
+        lp, adv = logp[on], advantages[on]
+        cov = torch.zeros_like(logp)
+        cov[on] = (lp - lp.mean()) * (adv - adv.mean())
+        candidates = (on & ~clipped_low & ~clipped_high & (cov > clip_cov_low) & (cov < clip_cov_high)).nonzero()   # [C, 2]
+        count = min(max(1, int(clip_cov_frac * int(on.sum()))), len(candidates))
+        chosen = candidates[torch.randperm(len(candidates), device=candidates.device)[:count]]
+        detached[chosen[:, 0], chosen[:, 1]] = True
+    share = count / int(on.sum()) if on.any() else 0.0
+    return Surrogate(loss * ~detached, clipped_low, clipped_high, {"clip_cov/detached_frac": share})
+
+
 @KL_ESTIMATORS.register("k1")
 def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """logp - ref: unbiased, can be negative per token."""
@@ -221,7 +245,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
                 ref_logp: torch.Tensor | None = None, kl_coef: float = 0.0, kl_estimator: str = "k3",
                 rollout_logp: torch.Tensor | None = None, tis_cap: float | None = None,
                 objective: str = "ppo_clip", tau_pos: float = 1.0, tau_neg: float = 1.05,
-                kl_cov_frac: float = 2e-3, kl_cov_coef: float = 1.0, correction: str | None = None,
+                kl_cov_frac: float = 2e-3, kl_cov_coef: float = 1.0, clip_cov_frac: float = 2e-4,
+                clip_cov_low: float = 1.0, clip_cov_high: float = 5.0, correction: str | None = None,
                 correction_low: float = 0.5, correction_high: float = 2.0, correction_cap: float = 2.0,
                 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The step's loss contribution of one micro-batch, and its metrics (means over its masked tokens).
@@ -239,7 +264,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
         raise ValueError(f"objective '{objective}' works at ratio level {' or '.join(fn.ratio_levels)}, "
                          f"not {ratio_level}")
     hyper = dict(eps_low=eps_low, eps_high=eps_high, clip_ratio_c=clip_ratio_c, tau_pos=tau_pos, tau_neg=tau_neg,
-                 kl_cov_frac=kl_cov_frac, kl_cov_coef=kl_cov_coef)
+                 kl_cov_frac=kl_cov_frac, kl_cov_coef=kl_cov_coef, clip_cov_frac=clip_cov_frac,
+                 clip_cov_low=clip_cov_low, clip_cov_high=clip_cov_high)
     surrogate, clipped_low, clipped_high, objective_metrics = fn(log_ratio, logp, adv, mask,
                                                                 **{key: hyper[key] for key in fn.uses})
     if tis_cap is not None:

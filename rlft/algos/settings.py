@@ -13,6 +13,7 @@ from rlft.types import LossSettings
 def loss_settings(algo, step: int, max_response_len: int) -> LossSettings:
     """The keyword arguments of rlft.algos.losses.policy_loss at this step (1-based)."""
     sapo, kl_cov, c = algo.sapo_gate, algo.kl_cov_selection, algo.rollout_correction  # c: tis_cap's too
+    clip_cov = algo.clip_cov_selection
     correction = {} if c is None else dict(correction=str(c.kind), correction_low=c.low, correction_high=c.high,
                                             correction_cap=c.cap)
     return LossSettings(ratio_level=str(algo.ratio_level), eps_low=algo.eps_low, eps_high=eps_high_at(step, algo),
@@ -21,7 +22,8 @@ def loss_settings(algo, step: int, max_response_len: int) -> LossSettings:
                         kl_coef=0.0 if algo.kl_in_reward else algo.kl_coef,
                         kl_estimator=str(algo.kl_estimator), objective=str(algo.objective),
                         tau_pos=sapo.tau_pos, tau_neg=sapo.tau_neg, kl_cov_frac=kl_cov.frac,
-                        kl_cov_coef=kl_cov.coef, **correction)
+                        kl_cov_coef=kl_cov.coef, clip_cov_frac=clip_cov.frac, clip_cov_low=clip_cov.low,
+                        clip_cov_high=clip_cov.high, **correction)
 
 
 def eps_high_at(step: int, algo) -> float:

@@ -1,5 +1,5 @@
 """`algo`: the policy-gradient algorithm (ALGORITHMS.md, docs/objectives.md). GRPO, DAPO, GSPO, CISPO, GMPO,
-SAPO, KL-Cov, RLOO and REINFORCE++ are presets of these keys: the schema's defaults are GRPO's, and the other
+SAPO, KL-Cov, Clip-Cov, RLOO and REINFORCE++ are presets of these keys: the schema's defaults are GRPO's, and the other
 files of conf/algo/ list what differs. The preset's name labels a run in `rlft compare` and W&B (the options
 line of its config.yaml)."""
 
@@ -73,6 +73,17 @@ class KLCov:
 
 
 @dataclass
+class ClipCov:
+    frac: float = 2e-4
+    """Clip-Cov: share r of a micro-batch's tokens whose gradient is removed, drawn at random from the
+    unclipped tokens with covariance inside (low, high) (the paper: 2e-4)."""
+    low: float = 1.0
+    """Clip-Cov: lower end of the covariance band (the paper: 1)."""
+    high: float = 5.0
+    """Clip-Cov: upper end of the covariance band (the paper: 5)."""
+
+
+@dataclass
 class RolloutCorrection:
     kind: CorrectionKind = CorrectionKind.token_tis
     """Weight of each token's policy loss from the engine/learner ratio rho = exp(old - engine log-prob):
@@ -98,7 +109,8 @@ class AlgoConfig:
     objective: Objective = Objective.ppo_clip
     """Per-token policy loss: ppo_clip (PPO/GRPO clipped surrogate), cispo (clipped, detached IS weight
     times logp), gmpo (geometric mean of clipped token ratios), sapo (soft sigmoid gate, algo.sapo),
-    kl_cov (KL term on high-covariance tokens, algo.kl_cov). docs/objectives.md has the formulas."""
+    kl_cov (KL term on high-covariance tokens, algo.kl_cov), clip_cov (PPO-clip with the gradient of a few
+    random high-covariance tokens removed, algo.clip_cov). docs/objectives.md has the formulas."""
     ratio_level: RatioLevel = RatioLevel.token
     """Importance ratio: token (PPO/GRPO), sequence (GSPO: length-normalised, one per response),
     sequence_token (GSPO-token)."""
@@ -115,6 +127,9 @@ class AlgoConfig:
     """objective=sapo: the gate's temperatures; null = the paper's (tau_pos 1.0, tau_neg 1.05)."""
     kl_cov: Optional[KLCov] = None
     """objective=kl_cov: which tokens get the KL term and its weight; null = frac 2e-3, coef 1."""
+    clip_cov: Optional[ClipCov] = None
+    """objective=clip_cov: how many tokens lose their gradient, from which covariance band; null = frac
+    2e-4, band (1, 5)."""
     loss_agg: LossAgg = LossAgg.seq_mean_token_mean
     """How token losses become one number: token_mean (DAPO), seq_mean_token_mean (GRPO),
     seq_mean_token_sum_norm (Dr. GRPO), seq_mean (GSPO)."""
@@ -157,6 +172,11 @@ class AlgoConfig:
     def kl_cov_selection(self) -> KLCov:
         """algo.kl_cov, or its defaults when null."""
         return self.kl_cov if self.kl_cov is not None else KLCov()
+
+    @property
+    def clip_cov_selection(self) -> ClipCov:
+        """algo.clip_cov, or its defaults when null."""
+        return self.clip_cov if self.clip_cov is not None else ClipCov()
 
     @property
     def rollout_correction(self) -> RolloutCorrection | None:
@@ -211,7 +231,7 @@ def check_objective(a: AlgoConfig) -> None:
         raise ConfigError(f"algo.objective={name} works at algo.ratio_level={' or '.join(fn.ratio_levels)} "
                           f"(got {a.ratio_level})")
     uses = {"clip_ratio_c": "clip_ratio_c", "eps_high_schedule": "eps_high", "sapo": "tau_pos",
-            "kl_cov": "kl_cov_frac"}
+            "kl_cov": "kl_cov_frac", "clip_cov": "clip_cov_frac"}
     for key, setting in uses.items():
         if getattr(a, key) is not None and setting not in fn.uses:
             users = [n for n in OBJECTIVES.names() if setting in OBJECTIVES[n].uses]
@@ -222,6 +242,13 @@ def check_objective(a: AlgoConfig) -> None:
     if a.kl_cov is not None:
         within("algo.kl_cov.frac", a.kl_cov.frac, 0, 1, low_open=True)
         at_least("algo.kl_cov.coef", a.kl_cov.coef, 0)
+    if a.clip_cov is not None:
+        within("algo.clip_cov.frac", a.clip_cov.frac, 0, 1, low_open=True)
+        finite("algo.clip_cov.low", a.clip_cov.low)
+        finite("algo.clip_cov.high", a.clip_cov.high)
+        if not a.clip_cov.low < a.clip_cov.high:
+            raise ConfigError(f"algo.clip_cov.low must be below algo.clip_cov.high (got {a.clip_cov.low} and "
+                              f"{a.clip_cov.high})")
 
 
 def check_correction(a: AlgoConfig) -> None:
