@@ -132,8 +132,19 @@ def test_an_engine_sharing_the_learner_weights_samples_from_them_without_a_copy(
     assert torch.equal(after.response_ids, copy.generate(prompts, greedy).response_ids)
     expected = response_logprobs(learner, after.prompt_ids, after.prompt_mask, after.response_ids, after.response_mask)
     assert (expected - after.logprobs).abs().max() < 1e-3
+    with pytest.raises(ValueError, match="takes no other"):  # a copy would overwrite the learner's weights
+        engine.update_weights([(name, p.detach().clone()) for name, p in learner.named_parameters()])
     with pytest.raises(ValueError, match="cannot share weight"):
         make_engine(path, tokenizer).share_weights(load_causal_lm(path, "float32", "cpu").double())
+
+
+def test_non_finite_logits_stop_sampling_with_a_clear_error(parts):
+    path, tokenizer, _ = parts
+    engine = make_engine(path, tokenizer)
+    logits = torch.zeros(3, 5)
+    logits[1, 2] = float("nan")
+    with pytest.raises(ValueError, match="logits are not finite"):
+        engine._sample(logits, SamplingParams(n=1, temperature=1.0, max_new_tokens=1))
 
 
 def test_a_group_shares_one_prompt_prefill_and_samples_as_if_each_had_its_own(parts):

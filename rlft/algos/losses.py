@@ -163,7 +163,7 @@ def clip_cov(log_ratio, logp, advantages, mask, *, eps_low: float, eps_high: flo
     """PPO-clip, with the loss (so the gradient) of a few tokens removed: of the M masked tokens of this
     micro-batch that the clip left alone and whose covariance (logp - mean logp)(A - mean A) lies strictly
     inside (clip_cov_low, clip_cov_high), a uniformly random max(1, floor(clip_cov_frac x M)) (Clip-Cov,
-    arXiv 2505.22617). The draw uses torch's global generator, which checkpoints save and resume restores."""
+    arXiv 2505.22617). The draw uses torch's global CPU generator, which the trainer's checkpoints save."""
     ratio = log_ratio.exp()
     loss, clipped_low, clipped_high = clipped_surrogate(ratio, advantages, eps_low, eps_high)
     on = mask.bool()
@@ -174,7 +174,8 @@ def clip_cov(log_ratio, logp, advantages, mask, *, eps_low: float, eps_high: flo
         cov[on] = (lp - lp.mean()) * (adv - adv.mean())
         candidates = (on & ~clipped_low & ~clipped_high & (cov > clip_cov_low) & (cov < clip_cov_high)).nonzero()   # [C, 2]
         count = min(max(1, int(clip_cov_frac * int(on.sum()))), len(candidates))
-        chosen = candidates[torch.randperm(len(candidates), device=candidates.device)[:count]]
+        draw = torch.randperm(len(candidates))[:count]  # torch's CPU generator, on any device
+        chosen = candidates[draw.to(candidates.device)]
         detached[chosen[:, 0], chosen[:, 1]] = True
     share = count / int(on.sum()) if on.any() else 0.0
     return Surrogate(loss * ~detached, clipped_low, clipped_high, {"clip_cov/detached_frac": share})

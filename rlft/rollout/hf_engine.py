@@ -109,6 +109,9 @@ class HFEngine:
         if params.temperature != 1.0:
             logits = logits / params.temperature
         log_normaliser = torch.logsumexp(logits, -1, keepdim=True)               # [B, 1]
+        if not bool(torch.isfinite(log_normaliser).all()):  # multinomial raised here; the draw below would not
+            raise ValueError("the engine's next-token logits are not finite (NaN or infinite): the weights "
+                             "or the activations overflowed (a lower precision than float32?)")
         probs = (logits - log_normaliser).exp_()                                 # [B, V]
         if params.top_p < 1.0:
             probs = _top_p_filter(probs, params.top_p)
@@ -122,8 +125,12 @@ class HFEngine:
             if name not in self._tensors:
                 raise KeyError(f"engine has no weight named '{name}'")
             target = self._tensors[name]
-            if target.data_ptr() != tensor.data_ptr():  # a shared weight (share_weights) is already there
-                target.copy_(tensor)
+            if target.data_ptr() == tensor.data_ptr():  # a shared weight (share_weights) is already there
+                continue
+            if self.shares_learner_weights:  # copying would overwrite the learner's own parameters
+                raise ValueError(f"this engine samples from the learner's own weights; it takes no other "
+                                 f"'{name}'")
+            target.copy_(tensor)
 
     def share_weights(self, model: torch.nn.Module) -> None:
         """Sample from `model`'s own weight storage from now on, instead of a copy: an engine in the
@@ -168,10 +175,11 @@ def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 def _inverse_cdf_sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """[B] one index per row of unnormalised, non-negative `probs` [B, V], drawn with probability
-    proportional to its entry: one uniform number per row against the row's running sum. Exact like
-    torch.multinomial, which draws one exponential number per vocabulary entry (most of the decode
+    proportional to its entry: one uniform number per row against the row's running sum (in
+    float64). The distribution of torch.multinomial, which draws one exponential number per vocabulary entry (most of the decode
     step's sampling time at a 49k vocabulary). A zero entry is never drawn: its running sum equals
     the one before it."""
-    cumulative = probs.cumsum(-1)                                                # [B, V]
-    draw = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device) * cumulative[:, -1:]
+    cumulative = probs.cumsum(-1, dtype=torch.float64)  # [B, V]; float32 would round away p below ~1e-7
+    draw = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device, dtype=torch.float64)
+    draw = draw * cumulative[:, -1:]
     return torch.searchsorted(cumulative, draw, right=True)[:, 0].clamp_(max=probs.shape[-1] - 1)

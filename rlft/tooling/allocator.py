@@ -16,12 +16,18 @@ import platform
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3   # glibc's mallopt parameters (malloc.h)
 KEEP_BYTES = 1 << 30                          # allocations up to 1 GiB come from the heap; 1 GiB of free top kept
+OLD_GLIBC_MMAP_MAX = 32 << 20                 # glibc before 2.35 refuses an mmap threshold above this
 
 
-def reuse_freed_memory() -> bool:
-    """Raise glibc's mmap and trim thresholds for this process; False where the C library is not glibc
-    (nothing changes there)."""
+def reuse_freed_memory() -> int:
+    """Raise glibc's mmap and trim thresholds for this process: the mmap threshold set, in bytes (32 MB
+    where an older glibc refuses 1 GiB), or 0 where nothing changed (not glibc, or refused)."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return False
+        return 0
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    return bool(libc.mallopt(M_MMAP_THRESHOLD, KEEP_BYTES)) and bool(libc.mallopt(M_TRIM_THRESHOLD, KEEP_BYTES))
+    if not libc.mallopt(M_TRIM_THRESHOLD, KEEP_BYTES):
+        return 0
+    for threshold in (KEEP_BYTES, OLD_GLIBC_MMAP_MAX):
+        if libc.mallopt(M_MMAP_THRESHOLD, threshold):
+            return threshold
+    return 0
