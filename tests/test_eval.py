@@ -12,7 +12,7 @@ from rlft.evaluate import EvalResult, report
 
 # Steps large enough (lr 3e-3, no warm-up) that each step's weights score differently on the held-out set: a
 # checkpoint whose weights were not loaded would give another step's numbers.
-RUN = ["trainer.steps=2", "trainer.prompts_per_step=4", "algo.group_size=4", "data.eval_size=32", "seed=1",
+RUN = ["trainer.steps=2", "trainer.prompts_per_step=4", "algo.group_size=4", "data.eval_size=32", "seed=2",
        "trainer.eval_every=1", "trainer.save_every=1", "trainer.keep_checkpoints=5", "optim.lr=3e-3",
        "optim.warmup_steps=0", "logger.console=false"]
 
