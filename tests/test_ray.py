@@ -13,8 +13,9 @@ pytestmark = pytest.mark.slow
 # 3 steps of 8 prompts x 4; one torch thread everywhere (one_thread), so that the two placements sample alike.
 RUN = ["trainer.steps=3", "trainer.prompts_per_step=8", "algo.group_size=4", "data.eval_size=50",
        "trainer.eval_every=3", "logger.console=false"]
+# Not sync/bytes: the in-process engine samples from the learner's own weights (0 bytes), Ray's get copies.
 EXACT = ("step", "kind", "train/reward_mean", "train/accuracy", "rollout/response_len_mean", "rollout/tokens",
-         "rollout/groups", "eval/accuracy", "sync/bytes")
+         "rollout/groups", "eval/accuracy")
 CLOSE = ("train/loss", "train/kl_ref", "train/grad_norm", "train/entropy", "train/clip_frac")
 
 
