@@ -135,6 +135,12 @@ def sapo(log_ratio, logp, advantages, mask, *, tau_pos: float, tau_neg: float) -
     return _unclipped(-gate * advantages)
 
 
+def _token_covariance(logp: torch.Tensor, advantages: torch.Tensor, on: torch.Tensor) -> torch.Tensor:
+    """[M] (logp - mean logp)(A - mean A) over the M tokens where `on` (KL-Cov's and Clip-Cov's ranking)."""
+    lp, adv = logp[on], advantages[on]
+    return (lp - lp.mean()) * (adv - adv.mean())
+
+
 @OBJECTIVES.register("kl_cov", uses=("kl_cov_frac", "kl_cov_coef"), ratio_levels=("token",))
 def kl_cov(log_ratio, logp, advantages, mask, *, kl_cov_frac: float, kl_cov_coef: float) -> Surrogate:
     """-r A, plus kl_cov_coef |logp - old| on the floor(kl_cov_frac x M) tokens of largest covariance
@@ -143,8 +149,7 @@ def kl_cov(log_ratio, logp, advantages, mask, *, kl_cov_frac: float, kl_cov_coef
     selected = torch.zeros_like(mask, dtype=torch.bool)
     on = mask.bool()
     with torch.no_grad():
-        lp, adv = logp[on], advantages[on]
-        cov = (lp - lp.mean()) * (adv - adv.mean())                        # [M]
+        cov = _token_covariance(logp, advantages, on)                      # [M]
         k = int(kl_cov_frac * cov.numel())
         if k > 0:
             rows, cols = on.nonzero(as_tuple=True)
@@ -169,10 +174,10 @@ def clip_cov(log_ratio, logp, advantages, mask, *, eps_low: float, eps_high: flo
     on = mask.bool()
     detached = torch.zeros_like(on)
     with torch.no_grad():
-        lp, adv = logp[on], advantages[on]
         cov = torch.zeros_like(logp)
-        cov[on] = (lp - lp.mean()) * (adv - adv.mean())
-        candidates = (on & ~clipped_low & ~clipped_high & (cov > clip_cov_low) & (cov < clip_cov_high)).nonzero()   # [C, 2]
+        cov[on] = _token_covariance(logp, advantages, on)
+        inside = (cov > clip_cov_low) & (cov < clip_cov_high)
+        candidates = (on & ~clipped_low & ~clipped_high & inside).nonzero()          # [C, 2]
         count = min(max(1, int(clip_cov_frac * int(on.sum()))), len(candidates))
         draw = torch.randperm(len(candidates))[:count]  # torch's CPU generator, on any device
         chosen = candidates[draw.to(candidates.device)]

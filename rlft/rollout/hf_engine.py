@@ -176,8 +176,8 @@ def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 def _inverse_cdf_sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """[B] one index per row of unnormalised, non-negative `probs` [B, V], drawn with probability
     proportional to its entry: one uniform number per row against the row's running sum (in
-    float64). The distribution of torch.multinomial, which draws one exponential number per vocabulary entry (most of the decode
-    step's sampling time at a 49k vocabulary). A zero entry is never drawn: its running sum equals
+    float64). The distribution of torch.multinomial, which draws one exponential number per vocabulary
+    entry (most of the decode step's sampling time at a 49k vocabulary). A zero entry is never drawn: its running sum equals
     the one before it."""
     cumulative = probs.cumsum(-1, dtype=torch.float64)  # [B, V]; float32 would round away p below ~1e-7
     draw = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device, dtype=torch.float64)
