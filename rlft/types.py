@@ -299,6 +299,33 @@ class RolloutEngine(Protocol):
         """Release accelerator memory until the next call (colocated vLLM); a no-op elsewhere."""
 
 
+class WeightsCopy(Protocol):
+    """One weights version kept for an engine that takes it later (Learner.snapshot_weights)."""
+
+    bytes: int
+
+    def load_into(self, engine: RolloutEngine) -> None: ...
+
+    def release(self) -> None: ...
+
+
+@dataclass
+class HeldWeights:
+    """A WeightsCopy held in this process: the tensors themselves."""
+
+    weights: dict[str, torch.Tensor]
+
+    @property
+    def bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.weights.values())
+
+    def load_into(self, engine: RolloutEngine) -> None:
+        engine.update_weights(list(self.weights.items()))
+
+    def release(self) -> None:
+        self.weights = {}
+
+
 class Learner(Protocol):
     """The policy's side of the loop (one process: rlft.learner.local.LocalLearner; Ray learner ranks:
     rlft.distributed.learner_actors.RemoteLearner). One signature for every placement."""
@@ -311,9 +338,8 @@ class Learner(Protocol):
 
     def push_weights(self, engine: RolloutEngine) -> SyncStats: ...
 
-    def snapshot_weights(self) -> dict[str, torch.Tensor]:
-        """A copy of what push_weights sends, for an engine that takes it later (rollout.max_staleness >= 2;
-        the in-process learner only)."""
+    def snapshot_weights(self) -> WeightsCopy:
+        """A copy of what push_weights sends, for an engine that takes it later (rollout.max_staleness >= 2)."""
 
     def save_checkpoint(self, run_dir: Path, state: TrainerState, keep: int) -> None: ...
 

@@ -22,7 +22,11 @@ def every_yaml() -> list[Path]:
 
 
 def group_options():
-    return [(path.parent.name, path.stem) for path in every_yaml() if path.parent != CONF]
+    return [(path.parent.name, path.stem) for path in every_yaml() if path.parent not in (CONF, CONF / "experiment")]
+
+
+def experiments() -> list[str]:
+    return sorted(path.stem for path in (CONF / "experiment").glob("*.yaml"))
 
 
 def composed(*overrides: str) -> RunConfig:
@@ -31,7 +35,7 @@ def composed(*overrides: str) -> RunConfig:
 
 
 def test_every_yaml_is_the_main_config_or_an_option_of_a_group():
-    assert {p.relative_to(CONF).parts[0] for p in every_yaml()} == {"config.yaml", *GROUPS}
+    assert {p.relative_to(CONF).parts[0] for p in every_yaml()} == {"config.yaml", "experiment", *GROUPS}
     assert all(len(p.relative_to(CONF).parts) <= 2 for p in every_yaml())  # no nested folders to miss
 
 
@@ -44,6 +48,26 @@ def test_every_yaml_composes_onto_its_own_schema(group, option):
     schema = option_schema(group, option)
     assert schema is not None and isinstance(getattr(run, group), schema), "the YAML names its /schema/ default"
     validate(run)
+
+
+@pytest.mark.parametrize("name", experiments())
+def test_every_experiment_preset_starts_with_its_launch_command_and_composes(name):
+    lines = (CONF / "experiment" / f"{name}.yaml").read_text().splitlines()
+    assert lines[0] == "# @package _global_"  # Hydra reads it only as the first line
+    assert f"rlft train experiment={name}" in lines[1]
+    run = composed(f"experiment={name}")
+    validate(run)
+    assert run.model.path.endswith("smollm2-135m-instruct") and run.data.tasks and run.data.system_prompt
+
+
+def test_an_experiment_preset_replaces_the_default_task_mix_and_the_command_line_wins():
+    assert composed("data=reasoning_gym").data.tasks == {"chain_sum": 1.0}
+    preset = composed("experiment=smollm2_products")
+    assert preset.data.tasks == {"products": {"max_digits": 2}}  # merged, chain_sum would have stayed
+    assert (preset.trainer.steps, preset.trainer.prompts_per_step, preset.algo.kl_coef) == (30, 4, 0.0)
+    mine = composed("experiment=smollm2_products", "data.tasks={countdown: 1.0}", "trainer.steps=3", "model=tiny_adder")
+    assert mine.data.tasks == {"countdown": 1.0} and mine.trainer.steps == 3
+    assert mine.model.path == "builtin:tiny-adder"
 
 
 def test_config_dir_is_the_checkout_conf():
@@ -106,6 +130,12 @@ def test_a_key_of_an_optional_section_turns_it_on():
     assert (schedule.kind, schedule.end, schedule.steps) == ("linear", 0.3, 100)
 
 
+def test_partial_rollouts_compose_with_dynamic_sampling():
+    run = composed("rollout.partial_rollouts=true", "rollout.max_staleness=2", "algo=dapo")
+    validate(run)
+    assert run.algo.dynamic_sampling and run.rollout.partial_rollouts
+
+
 def test_overrides_of_an_optional_section_apply_in_order():
     assert composed("algo.overlong=null", "algo.overlong.buffer=4").algo.overlong.buffer == 4
     assert composed("algo.overlong.buffer=4", "algo.overlong=null").algo.overlong is None
@@ -143,6 +173,7 @@ ERRORS = [
     (["model.gguf_file=x.gguf"], "unknown config key 'model.gguf_file': it moved to model.path (FOLDER/FILE.gguf"),
     # values
     (["model=nope"], "unknown model 'nope' (available: smollm2_135m, tiny_adder, tiny_calculator, tiny_moe)"),
+    (["experiment=nope"], "unknown experiment 'nope' (available: smollm2_chain_sum, smollm2_products)"),
     (["data.system_prompt=Be brief."], "data.system_prompt goes into the chat template, but this run renders plain"),
     (["algo.group_size=abc"], "algo.group_size: Value 'abc' of type 'str' could not be converted to Integer"),
     (["algo.loss_agg=mean"], "algo.loss_agg='mean' is not one of: token_mean, seq_mean_token_mean, seq_mean"),
@@ -166,15 +197,12 @@ ERRORS = [
      "rollout.max_staleness=3 generates while the learner trains, so the engine cannot sleep"),
     (["rollout.max_staleness=-1"], "rollout.max_staleness must be >= 0 (got -1)"),
     (["rollout.async_steps=1", "rollout.max_staleness=2"], "rollout.async_steps=1 is rollout.max_staleness=1, and"),
-    (["hardware=cpu_ray", "rollout.max_staleness=2"], "rollout.max_staleness=2 with Ray actors (hardware.ray) is not"),
     (["rollout.partial_rollouts=true"], "rollout.partial_rollouts=true continues responses under the next weights"),
     (["rollout.chunk_tokens=2"], "rollout.chunk_tokens=2 is for partial rollouts only"),
     (["rollout.partial_rollouts=true", "rollout.max_staleness=1", "rollout.chunk_tokens=0"],
      "rollout.chunk_tokens must be >= 1 (got 0)"),
     (["rollout.partial_rollouts=true", "rollout.max_staleness=1", "rollout.chunk_tokens=8"],
      "rollout.chunk_tokens=8 is not below rollout.max_new_tokens=8"),
-    (["rollout.partial_rollouts=true", "rollout.max_staleness=1", "algo=dapo"],
-     "rollout.partial_rollouts=true with algo.dynamic_sampling is not built yet"),
     (["rollout.partial_rollouts=true", "rollout.max_staleness=1", "env=calculator", "model=tiny_calculator",
       "data=calculator"], "rollout.partial_rollouts=true with multi-turn episodes (env) is not built yet"),
     (["rollout=vllm", "rollout.weight_sync=nccl"], "rollout.weight_sync='nccl' is not one of: rpc, broadcast"),

@@ -11,7 +11,7 @@ import torch
 
 from rlft.data.sampler import PromptSampler
 from rlft.rollout.collect import Collector
-from rlft.types import Problem, Rollout, SamplingParams, Scores, SyncStats
+from rlft.types import HeldWeights, Problem, Rollout, SamplingParams, Scores, SyncStats
 
 EOS, PROMPT_LEN, MAX_NEW = 0, 3, 12
 
@@ -61,7 +61,7 @@ class VersionLearner:
         return SyncStats(seconds=0.0, bytes=8)
 
     def snapshot_weights(self):
-        return {"version": torch.tensor(self.version)}
+        return HeldWeights({"version": torch.tensor(self.version)})
 
 
 def score(problems, completions, lengths):
@@ -69,21 +69,22 @@ def score(problems, completions, lengths):
     return Scores(torch.zeros(n), torch.zeros(n), {})
 
 
-def collector(engine, k, chunk, sync_point, prompts=4, group=3):
+def collector(engine, k, chunk, sync_point, prompts=4, group=3, score=score, rounds=None):
     problems = [Problem(prompt=str(i), answer="") for i in range(1000)]
     return Collector(engine, PromptSampler(problems, seed=0, shuffle=False), lambda text: [1, int(text), 2],
                      lambda ids: [""] * ids.shape[0], score,
                      SamplingParams(n=group, max_new_tokens=MAX_NEW), pad_id=0, prompts_per_step=prompts,
-                     max_staleness=k, sync_point=sync_point, chunk_tokens=chunk)
+                     max_staleness=k, sync_point=sync_point, chunk_tokens=chunk,
+                     dynamic_sampling=rounds is not None, max_sampling_rounds=rounds or 1)
 
 
 def versions_from_logprobs(rollout):
     return torch.round(-rollout.logprobs * 10).long() - 1
 
 
-def run(k, chunk, steps, sync_steps, seed):
+def run(k, chunk, steps, sync_steps, seed, **options):
     engine, learner, speed = ChunkEngine(seed), VersionLearner(), random.Random(seed + 2)
-    c = collector(engine, k, chunk, lambda step: step in sync_steps or step == steps)
+    c = collector(engine, k, chunk, lambda step: step in sync_steps or step == steps, **options)
     taken = []
     try:
         for step in range(1, steps + 1):
@@ -142,3 +143,29 @@ def test_a_checkpoint_step_takes_every_group_in_flight():
     taken, c = run(2, 1, 6, {3}, seed=0)
     assert taken[2].num_groups > 4  # step 3 drained the pool into its batch
     assert taken[3].carried_groups == 0 and taken[3].staleness == 0  # step 4 starts afresh from weights 3
+
+
+def first_right_score(problems, completions, lengths):
+    """Every fourth prompt's responses all score 0 (a group with no signal); in the others' groups the first
+    response scores 1."""
+    first = torch.arange(len(problems)) % 3 == 0
+    signal = torch.tensor([int(p.prompt) % 4 != 0 for p in problems])
+    return Scores((first & signal).float(), torch.zeros(len(problems)), {})
+
+
+@pytest.mark.parametrize("k,chunk", [(1, 2), (3, 1)])
+def test_dynamic_sampling_drops_equal_groups_from_the_pool_and_tops_it_up(k, chunk):
+    taken, c = run(k, chunk, 12, {4}, seed=1, score=first_right_score, rounds=4)
+    for step, groups in enumerate(taken, start=1):
+        totals = groups.scores.total.view(-1, 3)
+        assert bool((totals.max(1).values > totals.min(1).values).all())  # only groups with a signal
+        assert all(int(p.prompt) % 4 for p in groups.problems)
+        r = groups.rollout
+        sampled = r.model_mask.bool()
+        assert torch.equal(r.versions[sampled], versions_from_logprobs(r)[sampled])
+        assert int(((step - 1) - r.versions[sampled]).max()) <= k
+        if step not in (4, 12):  # not a drained checkpoint step: the step's share exactly, rounds allowing
+            assert groups.num_groups == 4 or groups.rounds == 4
+    assert sum(g.dropped_groups for g in taken) > 0 and max(g.rounds for g in taken) > 1
+    assert sum(g.carried_groups for g in taken) > 0
+    assert not c.partial.in_flight and not c.partial.finished  # step 12 (the last) drained the pool

@@ -62,6 +62,21 @@ def test_ray_ranks_train_like_one_process(rlft, tmp_path, one_process_run):
     assert any((run / "ray_logs").glob("worker-*"))
 
 
+def test_ray_generates_two_versions_ahead_like_one_process(rlft, tmp_path):
+    """rollout.max_staleness=2: learner rank 0 keeps each version the producer has not loaded yet, and
+    broadcasts it when the producer does; the batches are those of the in-process run, weights for weights."""
+    ahead = [*RUN, "trainer.steps=4", "trainer.eval_every=4", "rollout.max_staleness=2"]
+    local, ray_run = tmp_path / "cpu", tmp_path / "ray"
+    rlft("train", f"hydra.run.dir={local}", *ahead, "hardware=cpu")
+    rlft("train", f"hydra.run.dir={ray_run}", *ahead, "hardware=cpu_ray")
+    ours, theirs = read_metrics(ray_run), read_metrics(local)
+    assert_same_run(ours, theirs)
+    assert_same_weights(ray_run, local)
+    trained = [r for r in ours if r.get("kind") != "eval"]
+    assert max(r["rollout/staleness"] for r in trained) == 2  # really two versions behind
+    assert [r["rollout/staleness"] for r in trained] == [r["rollout/staleness"] for r in theirs if r.get("kind") != "eval"]
+
+
 @pytest.mark.parametrize("hook,when", [("RLFT_FAULT_ROLLOUT_EXIT_AT_CALL", "3"),   # step 2's generation
                                        ("RLFT_FAULT_ROLLOUT_EXIT_AT_SYNC", "2")],  # the sync after step 2
                          ids=["in-generate", "in-weight-sync"])

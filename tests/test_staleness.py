@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rlft.rollout.collect import Collector
-from rlft.types import ScoredGroups, SyncStats
+from rlft.types import HeldWeights, ScoredGroups, SyncStats
 
 
 class VersionEngine:
@@ -39,7 +39,7 @@ class VersionLearner:
         return SyncStats(seconds=0.0, bytes=8)
 
     def snapshot_weights(self):
-        return {"version": torch.tensor(self.version)}
+        return HeldWeights({"version": torch.tensor(self.version)})
 
 
 class FakeCollector(Collector):

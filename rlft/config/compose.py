@@ -31,6 +31,56 @@ def register_schemas() -> None:
         group, _, name = path.rpartition("/")
         store.store(group=group, name=name, node=schema)
     _mend_override_application()
+    _mend_mapping_merge()
+
+
+def _mend_mapping_merge() -> None:
+    """A config file that gives a free-form dict key a mapping (an experiment preset's
+    `data: {tasks: {products: 1.0}}`) replaces the one composed before it, as a command-line override does
+    (see below); Hydra merges the two, so a preset could never drop the default's chain_sum."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    compose_defaults = ConfigLoaderImpl._compose_config_from_defaults_list
+    if getattr(compose_defaults, "rlft_mended", False):
+        return
+    load = ConfigLoaderImpl._load_single_config
+
+    def compose_replacing_mappings(self, defaults, repo) -> DictConfig:
+        loaded: list[DictConfig] = []
+
+        def recording_load(default, repo):
+            result = load(self, default=default, repo=repo)
+            loaded.append(result.config)
+            return result
+
+        self._load_single_config = recording_load  # this composition only
+        try:
+            cfg = compose_defaults(self, defaults, repo)
+        finally:
+            del self._load_single_config
+        for path in _free_form_mappings(cfg, ""):
+            given = [node for config in loaded
+                     if isinstance(node := OmegaConf.select(config, path, default=None), DictConfig)]
+            if given:
+                OmegaConf.update(cfg, path, given[-1], merge=False)
+        return cfg
+
+    compose_replacing_mappings.rlft_mended = True
+    ConfigLoaderImpl._compose_config_from_defaults_list = compose_replacing_mappings
+
+
+def _free_form_mappings(node: DictConfig, prefix: str) -> list[str]:
+    """Dotted paths of the dict-typed keys (data.tasks) under the schema's sections."""
+    if not is_dataclass(OmegaConf.get_type(node)):
+        return []
+    paths = []
+    for key in node:
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_none():
+            if child._metadata.object_type is dict:
+                paths.append(f"{prefix}{key}")
+            else:
+                paths += _free_form_mappings(child, f"{prefix}{key}.")
+    return paths
 
 
 def _mend_override_application() -> None:

@@ -88,9 +88,6 @@ def check(cfg) -> None:
         raise ConfigError(f"rollout.async_steps=1 is rollout.max_staleness=1, and max_staleness={r.max_staleness} "
                           "was given too: set max_staleness only")
     check_partial(cfg)
-    if r.staleness >= 2 and cfg.hardware.ray:
-        raise ConfigError(f"rollout.max_staleness={r.max_staleness} with Ray actors (hardware.ray) is not built yet: "
-                          "the learner actors keep no copies of earlier weights; use max_staleness 0 or 1 there")
     if isinstance(r, HFRollout):
         at_least("rollout.max_batch_size", r.max_batch_size, 1)
         return
@@ -128,7 +125,6 @@ def check_partial(cfg) -> None:
         raise ConfigError(f"rollout.chunk_tokens={r.partial_chunk} is not below rollout.max_new_tokens="
                           f"{r.max_new_tokens}: every response would finish in one pass (nothing is partial)")
     for needs_off, why in ((cfg.env.multi_turn, "multi-turn episodes (env)"),
-                           (cfg.algo.dynamic_sampling, "algo.dynamic_sampling"),
                            (cfg.algo.routing_source == "rollout", "algo.routing_replay=rollout (R3)")):
         if needs_off:
             raise ConfigError(f"rollout.partial_rollouts=true with {why} is not built yet: turn one of them off")

@@ -9,9 +9,11 @@ leave from rank 0 by broadcast to the rollout workers (RemoteLearner.push_weight
 from __future__ import annotations
 
 import datetime
+import itertools
 import os
 import time
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -22,7 +24,7 @@ from rlft.distributed.placement import (ActorLost, ActorSetup, actor_options, de
                                         wait_all)
 from rlft.distributed.ranks import rank_rows
 from rlft.errors import WorkerDied
-from rlft.types import LossSettings, Rollout, SyncStats, TrainBatch, TrainerState, UpdateStats
+from rlft.types import HeldWeights, LossSettings, Rollout, SyncStats, TrainBatch, TrainerState, UpdateStats
 
 # Test hook: the learner rank RLFT_FAULT_LEARNER_RANK (default 0) exits at its update call number
 # RLFT_FAULT_LEARNER_EXIT_AT_UPDATE, as a crashed or preempted rank would.
@@ -38,6 +40,7 @@ class LearnerActor:
         self.device = str(setup.hardware.device)
         self.updates = 0
         self.broadcaster = None
+        self.kept: dict[int, HeldWeights] = {}  # rank 0: weights versions kept for the engine (max_staleness >= 2)
 
     def free_address(self) -> tuple[str, int]:
         """This node's address and a free port on it, for a group's store."""
@@ -81,6 +84,21 @@ class LearnerActor:
             return self.broadcaster.send(weights.items())
         return None
 
+    def keep_weights(self, key: int) -> int:
+        """Every rank gathers the weights (FSDP); rank 0 keeps a copy under `key`. Its bytes (0 elsewhere)."""
+        copy = self.worker.snapshot_weights()
+        if self.rank != 0:
+            return 0
+        self.kept[key] = copy
+        return copy.bytes
+
+    def send_kept_weights(self, key: int) -> SyncStats:
+        """Rank 0 broadcasts the copy kept under `key`."""
+        return self.broadcaster.send(self.kept[key].weights.items())
+
+    def drop_kept_weights(self, key: int) -> None:
+        self.kept.pop(key, None)
+
     def save_checkpoint(self, run_dir: Path, state: TrainerState, keep: int) -> None:
         self.worker.save_checkpoint(run_dir, state, keep)
 
@@ -89,6 +107,21 @@ class LearnerActor:
 
     def save_model(self, folder: Path) -> None:
         self.worker.save_model(folder)
+
+
+@dataclass
+class KeptWeights:
+    """A WeightsCopy held by learner rank 0 (RemoteLearner.snapshot_weights)."""
+
+    learner: RemoteLearner
+    key: int
+    bytes: int
+
+    def load_into(self, engine) -> None:
+        self.learner._push(engine, lambda: [self.learner.ranks[0].send_kept_weights.remote(self.key)])
+
+    def release(self) -> None:
+        self.learner.ranks[0].drop_kept_weights.remote(self.key)  # nothing waits on it
 
 
 class RemoteLearner:
@@ -105,6 +138,7 @@ class RemoteLearner:
         self._on_all("setup", host, port)
         self.has_reference = self._on_rank0("has_reference")  # kl_coef = 0 loads none: no call for nothing
         self.synced_engine_version = None  # the rollout workers' group is formed at the first push
+        self.copies = itertools.count()  # keys of the weights copies rank 0 keeps
 
     def update(self, batch: TrainBatch, loss: LossSettings, lr: float) -> UpdateStats:
         import ray
@@ -126,6 +160,15 @@ class RemoteLearner:
     def push_weights(self, engine) -> SyncStats:
         """Learner rank 0 -> every rollout worker, by broadcast. A rollout worker that dies on the way breaks
         the group for all: every worker is replaced (RemoteEngine.replace_all) and the push repeated."""
+        return self._push(engine, lambda: [rank.send_weights.remote() for rank in self.ranks])
+
+    def snapshot_weights(self) -> KeptWeights:
+        """This version's weights, kept on rank 0 (on its device, as the in-process learner keeps them) until
+        the engine takes them (Collector, max_staleness >= 2)."""
+        key = next(self.copies)
+        return KeptWeights(self, key, self._on_all("keep_weights", key)[0])
+
+    def _push(self, engine, send: Callable[[], list]) -> SyncStats:
         import ray
         start = time.perf_counter()
         restarts = self.setup.hardware.max_rollout_restarts
@@ -134,7 +177,7 @@ class RemoteLearner:
                 if self.synced_engine_version != engine.version:  # new workers: a new group
                     self._form_sync_group(engine)
                 receiving = engine.receive_weights()
-                results = wait_all(receiving + [rank.send_weights.remote() for rank in self.ranks])
+                results = wait_all(receiving + send())
                 return SyncStats(seconds=time.perf_counter() - start, bytes=results[len(receiving)].bytes)
             except (ActorLost, ray.exceptions.RayTaskError) as err:
                 # rank 0's broadcast may fail before the dead peer is reported: look at who is gone

@@ -24,7 +24,8 @@ from rlft.learner.logprobs import response_logprobs
 from rlft.learner.policy import Policy
 from rlft.models.loading import DTYPES, load_causal_lm
 from rlft.models.lora import adapter_weights, merged_lora_weights, with_lora
-from rlft.types import LossSettings, Rollout, RolloutEngine, SyncStats, TrainBatch, TrainerState, UpdateStats
+from rlft.types import (HeldWeights, LossSettings, Rollout, RolloutEngine, SyncStats, TrainBatch, TrainerState,
+                        UpdateStats)
 
 
 # Test hook: the update calls numbered in RLFT_FAULT_NAN_LOSS_AT_UPDATES (e.g. "2,3") get NaN advantages, so
@@ -101,9 +102,9 @@ class LocalLearner:
         engine.update_weights(named)
         return SyncStats(seconds=time.perf_counter() - start, bytes=sum(t.numel() * t.element_size() for _, t in named))
 
-    def snapshot_weights(self) -> dict[str, torch.Tensor]:
+    def snapshot_weights(self) -> HeldWeights:
         """rollout_weights, copied: training goes on while the engine still generates with older weights."""
-        return {name: t.detach().clone() for name, t in self.rollout_weights().items()}
+        return HeldWeights({name: t.detach().clone() for name, t in self.rollout_weights().items()})
 
     def rollout_weights(self) -> dict[str, torch.Tensor]:
         """What a rollout engine needs, in the engines' dtype (under mixed precision half the bytes of the

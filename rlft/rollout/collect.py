@@ -14,7 +14,7 @@ each version's weights (k copies at most), which it loads between batches. Nothi
 checkpoint, and before a held-out evaluation the engine takes the learner's weights, so resume starts from
 the state the run went on with and an evaluation scores the current policy. With partial rollouts
 (rlft.rollout.partial) carried tokens are a version older than a batch's new ones, so the producer runs
-k - 1 batches ahead.
+k - 1 batches ahead; dynamic sampling then filters the groups as they finish and tops the pool up again.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from rlft.algos.shaping import mixed_groups, overlong_penalty
 from rlft.data.sampler import PromptSampler
 from rlft.rollout.partial import PartialRollouts
 from rlft.types import (EpisodeStats, Learner, Problem, Rollout, RolloutEngine, SamplingParams, ScoredGroups,
-                        Scores, SyncStats)
+                        Scores, SyncStats, WeightsCopy)
 
 # (the problem of each response, completions, response lengths in tokens) -> Scores (RewardScorer.score)
 ScoreFn = Callable[[list[Problem], list[str], list[int]], Scores]
@@ -69,7 +69,7 @@ class Collector:
         self._producer = ThreadPoolExecutor(1, thread_name_prefix="rlft-collect-ahead") if self.ahead else None
         self._queue: deque[Future] = deque()  # batches collected or being collected ahead, oldest first
         self._next_batch = weights_version + 1  # the step whose batch is collected next
-        self._snapshots: dict[int, dict[str, torch.Tensor]] = {}  # version -> weights, for the producer (k >= 2)
+        self._snapshots: dict[int, WeightsCopy] = {}  # version -> its weights, for the producer (k >= 2)
         self._snapshot_ready = threading.Condition()
         self._closing = False
         self.learner_version = self.engine_version = weights_version
@@ -103,8 +103,7 @@ class Collector:
             with self._snapshot_ready:
                 self._snapshots[self.learner_version] = snapshot
                 self._snapshot_ready.notify_all()
-            return SyncStats(seconds=time.perf_counter() - start,
-                             bytes=sum(t.numel() * t.element_size() for t in snapshot.values())), 0.0
+            return SyncStats(seconds=time.perf_counter() - start, bytes=snapshot.bytes), 0.0
         waited = self.wait()
         sync = learner.push_weights(self.engine)
         self._engine_holds(self.learner_version)
@@ -176,7 +175,7 @@ class Collector:
                 if self._closing:
                     raise RuntimeError("the run is closing")
                 snapshot = self._snapshots[due]
-            self.engine.update_weights(list(snapshot.items()))
+            snapshot.load_into(self.engine)
             self._engine_holds(due)
         return self._collect(step, self.engine_version)
 
@@ -196,7 +195,7 @@ class Collector:
         self.engine_version = version
         with self._snapshot_ready:  # copies the engine is past are dropped
             for old in [v for v in self._snapshots if v <= version]:
-                del self._snapshots[old]
+                self._snapshots.pop(old).release()
 
     def _collect(self, step: int, weights_version: int) -> ScoredGroups:
         if self.partial is not None:
@@ -244,19 +243,46 @@ class Collector:
                             weights_version=weights_version)
 
     def _collect_partial(self, step: int, weights_version: int) -> ScoredGroups:
-        """Step `step`'s batch from the pool of partial rollouts (drained when a checkpoint follows the step)."""
-        t = time.perf_counter()
-        part = self.partial.collect(self.sampler, self.prompts_per_step, step, weights_version,
-                                    oldest_allowed=step - 1 - self.max_staleness, drain=self.sync_point(step))
-        generate_seconds = time.perf_counter() - t
-        t = time.perf_counter()
-        rollout = part.rollout
-        scores, rewards = self._score(part.problems, self.decode(rollout.response_ids), rollout, None)
+        """Step `step`'s batch from the pool of partial rollouts (drained when a checkpoint follows the step).
+        With dynamic sampling, finished groups whose task rewards are all equal are dropped and the pool is
+        topped up again, for up to max_sampling_rounds collections."""
+        drain = self.sync_point(step)
+        kept: list[ScoredGroups] = []
+        kept_groups = dropped = stale = carried = passes = errors = 0
+        generate_seconds = reward_seconds = 0.0
+        for rounds in range(1, self.rounds + 1):
+            t = time.perf_counter()
+            part = self.partial.collect(self.sampler, self.prompts_per_step - kept_groups, step, weights_version,
+                                        oldest_allowed=step - 1 - self.max_staleness, drain=drain)
+            generate_seconds += time.perf_counter() - t
+            stale, passes = stale + part.stale_dropped, passes + part.passes
+            t = time.perf_counter()
+            rollout = part.rollout
+            scores, rewards = self._score(part.problems, self.decode(rollout.response_ids), rollout, None)
+            reward_seconds += time.perf_counter() - t
+            errors += scores.errors
+            keep = torch.ones(len(part.problems), dtype=torch.bool)
+            if self.dynamic_sampling:
+                keep = mixed_groups(scores.total, self.sampling.n)
+            dropped += int((~keep).sum())
+            carried += sum(c for c, k in zip(part.carried, keep) if k)
+            rows = keep.repeat_interleave(self.sampling.n)
+            kept.append(ScoredGroups([p for p, k in zip(part.problems, keep) if k], rollout.select(rows),
+                                     _select(scores, rows), rewards[rows]))
+            kept_groups += int(keep.sum())
+            if kept_groups >= self.prompts_per_step:
+                break
+        rollout = Rollout.concat([part.rollout for part in kept], self.pad_id)
         sampled = rollout.model_mask.bool()
-        return ScoredGroups(problems=part.problems, rollout=rollout, scores=scores, rewards=rewards,
-                            generate_seconds=generate_seconds, reward_seconds=time.perf_counter() - t,
-                            weights_version=int(rollout.versions[sampled].min()), stale_dropped=part.stale_dropped,
-                            carried_groups=part.carried_groups, passes=part.passes)
+        scores = Scores(total=torch.cat([part.scores.total for part in kept]),
+                        correct=torch.cat([part.scores.correct for part in kept]),
+                        parts={k: torch.cat([part.scores.parts[k] for part in kept]) for k in kept[0].scores.parts},
+                        errors=errors)
+        return ScoredGroups(problems=[p for part in kept for p in part.problems], rollout=rollout, scores=scores,
+                            rewards=torch.cat([part.rewards for part in kept]), rounds=rounds, dropped_groups=dropped,
+                            generate_seconds=generate_seconds, reward_seconds=reward_seconds,
+                            weights_version=int(rollout.versions[sampled].min()) if sampled.any() else weights_version,
+                            stale_dropped=stale, carried_groups=carried, passes=passes)
 
     def _score(self, problems: list[Problem], completions: list[str], rollout: Rollout,
                episodes: EpisodeStats | None) -> tuple[Scores, torch.Tensor]:

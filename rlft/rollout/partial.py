@@ -56,9 +56,13 @@ class PartialBatch:
 
     problems: list[Problem]     # one per group
     rollout: Rollout            # [N, ...] with versions [N, R]
-    carried_groups: int         # groups begun in an earlier step's collection
+    carried: list[bool]         # per group: begun in an earlier step's collection
     stale_dropped: int          # groups dropped: their oldest token was more than k versions old
     passes: int                 # engine passes this collection ran
+
+    @property
+    def carried_groups(self) -> int:
+        return sum(self.carried)
 
 
 class PartialRollouts:
@@ -92,7 +96,7 @@ class PartialRollouts:
         share = len(self.finished) if drain else groups_wanted
         batch, self.finished = self.finished[:share], self.finished[share:]
         return PartialBatch(problems=[g.problem for g in batch], rollout=self._rollout(batch),
-                            carried_groups=sum(g.first_collection < step for g in batch),
+                            carried=[g.first_collection < step for g in batch],
                             stale_dropped=len(stale), passes=passes)
 
     def _pass(self, version: int) -> None:
