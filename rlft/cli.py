@@ -321,7 +321,7 @@ def check_arguments(overrides: list[str]) -> None:
     deletion (~key), a group given something other than an option's name."""
     import re
 
-    from rlft.config import GROUPS
+    from rlft.config import EXPERIMENT, GROUPS
     from rlft.config.describe import group_options
     from rlft.errors import ConfigError
     for place, item in enumerate(overrides):
@@ -337,7 +337,7 @@ def check_arguments(overrides: list[str]) -> None:
         elif item.startswith("~"):
             raise ConfigError(f"'{item}': rlft keys cannot be deleted; set the key instead ({item[1:].split('=')[0]}=VALUE)")
         key, _, value = item.lstrip("+").partition("=")
-        if key in GROUPS and "=" in item:
+        if key in (*GROUPS, EXPERIMENT) and "=" in item:
             names = value.split(",") if multirun(overrides) else [value]
             options = group_options(key)  # an option may be called "none" (env=none): null is refused otherwise
             if not all(re.fullmatch(r"[\w.-]+", name) and (name in options or name.lower() not in ("null", "none"))
@@ -351,7 +351,7 @@ def resumed_overrides(run_dir: Path, overrides: list[str], command: str = "resum
     values, then this command's key=value overrides, and a new `hardware=` option (a checkpoint resumes on
     any placement) in with_saved_values; (what that needs, the overrides to compose). `rlft eval RUN_DIR`
     composes a run's config the same way (`command` words the errors)."""
-    from rlft.config import GROUPS
+    from rlft.config import EXPERIMENT, GROUPS
     from rlft.config.compose import saved_config, saved_options
     from rlft.errors import ConfigError
     options = saved_options(run_dir / "config.yaml")
@@ -361,7 +361,8 @@ def resumed_overrides(run_dir: Path, overrides: list[str], command: str = "resum
                           "(written by another version of rlft?)")
     if multirun(overrides):
         raise ConfigError("resume continues one run: it cannot be swept (-m)")
-    chosen = {item.split("=", 1)[0]: item.split("=", 1)[1] for item in overrides if item.split("=", 1)[0] in GROUPS}
+    groups = (*GROUPS, EXPERIMENT)
+    chosen = {item.split("=", 1)[0]: item.split("=", 1)[1] for item in overrides if item.split("=", 1)[0] in groups}
     for group in chosen:
         if group != "hardware":
             raise ConfigError(f"{command}: '{group}=...' would change the run's {group}; {command} keeps its "
@@ -369,7 +370,7 @@ def resumed_overrides(run_dir: Path, overrides: list[str], command: str = "resum
     hydra = [item for item in overrides if item.startswith("hydra.") or item in ("--cfg", "-c", "job")]
     saved = {"config": saved_config(run_dir / "config.yaml"), "hardware": chosen.get("hardware"),
              "keys": [item.lstrip("+") for item in overrides if item not in hydra and "=" in item
-                      and item.split("=", 1)[0] not in GROUPS]}
+                      and item.split("=", 1)[0] not in groups]}
     return saved, [f"{group}={option}" for group, option in options.items()] + hydra + [f"hydra.run.dir={run_dir}"]
 
 
@@ -378,8 +379,12 @@ def with_saved_values(dcfg, choices: dict[str, str], saved: dict):
     (where it runs is not what it computes), this command's key=value overrides on top; and its options."""
     from omegaconf import OmegaConf, open_dict
 
-    from rlft.config.compose import compose
+    from rlft.config.compose import compose, free_form_mappings
     values = saved["config"].copy()
+    for path in free_form_mappings(dcfg):  # a saved mapping (data.tasks) replaces the option's default one
+        saved_mapping = OmegaConf.select(values, path, default=None)
+        if saved_mapping is not None:
+            OmegaConf.update(dcfg, path, saved_mapping, merge=False)
     if saved["hardware"] is not None:
         placement, _ = compose([f"hardware={saved['hardware']}"])
         with open_dict(dcfg), open_dict(values):
@@ -414,7 +419,7 @@ def print_config(overrides: list[str], saved: dict | None) -> int:
 
 def help_command(args: list[str]) -> int:
     """`rlft train --help [KEY] [overrides]`: the groups, or one key's type, value, choices and help."""
-    from rlft.config import GROUPS
+    from rlft.config import EXPERIMENT, GROUPS
     from rlft.config.compose import compose
     from rlft.config.describe import group_options, key_help, options_with_key, unknown_key_message
     rest = [a for a in args if a not in ("--help", "-h")]
@@ -426,6 +431,8 @@ def help_command(args: list[str]) -> int:
         print("groups (rlft train GROUP=OPTION):")
         for group in GROUPS:
             print(f"  {group:10} {', '.join(group_options(group))}  (now: {choices.get(group)})")
+        print(f"  {EXPERIMENT:10} {', '.join(group_options(EXPERIMENT))}  (a whole run's preset: its file's first lines "
+              "give its command)")
         print("\nrlft train --help GROUP lists a group's keys; rlft train --help KEY explains one.")
         return 0
     try:

@@ -124,6 +124,7 @@ class Loop:
         #           only mixed groups; with max_staleness k > 0 this batch was collected during earlier updates.
         groups = self.collector.collect(step)
         if groups.num_groups == 0:  # every group was all-equal: nothing to learn from this step
+            self.collector.skip_update(self.learner)
             self.monitor.log(collected_row(step, groups) | {"perf/step_seconds": clock.total()})
             return self.end_of_step(step)
         rollout, rewards = groups.rollout, groups.rewards

@@ -30,6 +30,9 @@ def run_pinned(jobs: list[tuple[str, int]], out: Path, cores: list[int]) -> None
     launched = []
     for (name, seed), core in zip(jobs, cores):
         run_dir = out / f"{name}_s{seed}"
+        if run_dir.exists():  # a run cut short earlier: start it again from nothing
+            import shutil
+            shutil.rmtree(run_dir)
         log = open(out / f"{name}_s{seed}.log", "w")
         command = ["taskset", "-c", str(core), str(ROOT / ".venv/bin/rlft"), "train", f"experiment={name}",
                    f"seed={seed}", f"hydra.run.dir={run_dir}"]
@@ -55,12 +58,16 @@ def run_pinned(jobs: list[tuple[str, int]], out: Path, cores: list[int]) -> None
         if not any(running):
             break
         time.sleep(2)
+    failed = []
     for (name, seed, run_dir, _, process) in launched:
         if process.returncode != 0:
-            sys.exit(f"{name} seed {seed} failed: see {out / f'{name}_s{seed}.log'}")
+            failed.append(f"{name} seed {seed} failed: see {out / f'{name}_s{seed}.log'}")
+            continue
         with open(out / "results.jsonl", "a") as f:
             for row in rows[(name, seed)]:
                 f.write(json.dumps(row) + "\n")
+    if failed:
+        sys.exit("\n".join(failed))
 
 
 def read_results(path: Path) -> list[dict]:

@@ -174,6 +174,7 @@ ERRORS = [
     # values
     (["model=nope"], "unknown model 'nope' (available: smollm2_135m, tiny_adder, tiny_calculator, tiny_moe)"),
     (["experiment=nope"], "unknown experiment 'nope' (available: smollm2_chain_sum, smollm2_products)"),
+    (["experiment=null"], "experiment= takes the name of one of its options (smollm2_chain_sum, smollm2_products)"),
     (["data.system_prompt=Be brief."], "data.system_prompt goes into the chat template, but this run renders plain"),
     (["algo.group_size=abc"], "algo.group_size: Value 'abc' of type 'str' could not be converted to Integer"),
     (["algo.loss_agg=mean"], "algo.loss_agg='mean' is not one of: token_mean, seq_mean_token_mean, seq_mean"),
@@ -337,6 +338,22 @@ def test_resume_keeps_the_run_and_may_move_it_to_another_placement(rlft_here, tm
     colocated = OmegaConf.create(rlft_here("train", f"resume={run}", "hardware=1gpu_colocated", "--cfg", "job").stdout)
     assert colocated.hardware.device == "cuda" and "max_batch_size" in colocated.rollout
     proc = rlft_here("train", f"resume={run}", "algo=grpo", check=False)
+    assert proc.returncode == 2 and "resume keeps its config groups" in proc.stderr
+
+
+@pytest.mark.parametrize("launch", [["experiment=smollm2_products"],
+                                    ["data=reasoning_gym", "data.tasks={countdown: 1.0}"]])
+def test_resume_keeps_a_task_mix_other_than_the_default(rlft_here, tmp_path, launch):
+    """A saved data.tasks mapping replaces the option's default one (merged, its new task was refused)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    saved = rlft_here("train", "--cfg", "job", *launch).stdout
+    (run / "config.yaml").write_text(saved)
+    out = rlft_here("train", f"resume={run}", "--cfg", "job", "trainer.steps=7").stdout
+    cfg = OmegaConf.create(out)
+    assert cfg.data.tasks == OmegaConf.create(saved).data.tasks and "chain_sum" not in cfg.data.tasks
+    assert cfg.trainer.steps == 7 and out.splitlines()[0] == saved.splitlines()[0]
+    proc = rlft_here("train", f"resume={run}", "experiment=smollm2_chain_sum", check=False)
     assert proc.returncode == 2 and "resume keeps its config groups" in proc.stderr
 
 

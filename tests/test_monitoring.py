@@ -100,3 +100,15 @@ def test_compare_plots_one_line_per_algorithm_with_the_runs_values(rlft, tmp_pat
 def test_compare_without_runs_is_one_error(rlft, tmp_path):
     proc = rlft("compare", str(tmp_path), check=False)
     assert proc.returncode == 2 and proc.stderr.startswith("rlft: error: no run directories")
+
+
+def test_runs_of_two_experiment_presets_are_not_averaged_together():
+    from rlft.tooling.sweep import format_table, run_label
+    assert run_label({"algo": "grpo"}) == "grpo"
+    assert run_label({"algo": "grpo", "experiment": "smollm2_products"}) == "grpo (smollm2_products)"
+    row = {"held-out before": 0.1, "held-out after": 0.4, "first eval step >= 0.9": None,
+           "train reward (last 10 steps)": 0.5, "train time (s)": 10.0, "tokens trained": 100}
+    runs = [row | {"run": f"r{i}", "algo": run_label({"algo": "grpo", "experiment": name}), "seed": i}
+            for i, name in enumerate(["smollm2_products", "smollm2_products", "smollm2_chain_sum"])]
+    means = format_table(runs).split("\n\n")[1]
+    assert "| grpo (smollm2_products) | 2 |" in means and "| grpo (smollm2_chain_sum) | 1 |" in means

@@ -169,3 +169,26 @@ def test_dynamic_sampling_drops_equal_groups_from_the_pool_and_tops_it_up(k, chu
     assert sum(g.dropped_groups for g in taken) > 0 and max(g.rounds for g in taken) > 1
     assert sum(g.carried_groups for g in taken) > 0
     assert not c.partial.in_flight and not c.partial.finished  # step 12 (the last) drained the pool
+
+
+def test_steps_that_keep_no_group_still_advance_the_schedule():
+    """Dynamic sampling may keep nothing: the trainer then skips the update (Collector.skip_update), and the
+    producer, which loads the weights each step is due, must not wait for a version that never comes."""
+    engine, learner = ChunkEngine(0), VersionLearner()
+    nothing = lambda problems, completions, lengths: Scores(torch.zeros(len(problems)), torch.zeros(len(problems)), {})  # noqa: E731
+    c = collector(engine, 3, 2, lambda step: step == 6, score=nothing, rounds=2)
+    finished = []
+
+    def steps():
+        for step in range(1, 7):
+            assert c.collect(step).num_groups == 0
+            learner.version += 1
+            c.skip_update(learner)
+        finished.append(True)
+
+    worker = threading.Thread(target=steps, daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    c.close()
+    assert finished == [True], "the producer waited for weights that never came"
+    assert c.learner_version == 6

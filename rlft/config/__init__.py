@@ -15,6 +15,9 @@ from rlft.config.checks import every_number_finite
 from rlft.config.run import RunConfig
 
 GROUPS = ("algo", "model", "data", "reward", "env", "rollout", "hardware", "logger")
+# Whole-run presets (conf/experiment/NAME.yaml, `experiment=NAME`): chosen like a group's option, they set
+# the options and keys of every group. Not a section of the config.
+EXPERIMENT = "experiment"
 
 # ConfigStore entries "schema/<group>/<name>" that the option YAMLs extend (`defaults: [/schema/...@_here_]`)
 SCHEMAS = {
@@ -52,4 +55,4 @@ def validate(cfg: RunConfig) -> None:
     every_number_finite(cfg)  # NaN and infinities in the keys no range bounds
 
 
-__all__ = ["GROUPS", "SCHEMAS", "RunConfig", "validate"]
+__all__ = ["EXPERIMENT", "GROUPS", "SCHEMAS", "RunConfig", "validate"]

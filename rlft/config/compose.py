@@ -8,7 +8,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from rlft.config import GROUPS, SCHEMAS
+from rlft.config import EXPERIMENT, GROUPS, SCHEMAS
 from rlft.config.run import RunConfig
 from rlft.errors import ConfigError
 
@@ -57,7 +57,7 @@ def _mend_mapping_merge() -> None:
             cfg = compose_defaults(self, defaults, repo)
         finally:
             del self._load_single_config
-        for path in _free_form_mappings(cfg, ""):
+        for path in free_form_mappings(cfg):
             given = [node for config in loaded
                      if isinstance(node := OmegaConf.select(config, path, default=None), DictConfig)]
             if given:
@@ -68,18 +68,17 @@ def _mend_mapping_merge() -> None:
     ConfigLoaderImpl._compose_config_from_defaults_list = compose_replacing_mappings
 
 
-def _free_form_mappings(node: DictConfig, prefix: str) -> list[str]:
-    """Dotted paths of the dict-typed keys (data.tasks) under the schema's sections."""
-    if not is_dataclass(OmegaConf.get_type(node)):
-        return []
+def free_form_mappings(node: DictConfig, prefix: str = "") -> list[str]:
+    """Dotted paths of the dict-typed keys (data.tasks) under rlft's sections (not Hydra's own)."""
     paths = []
     for key in node:
         child = node._get_node(key)
-        if isinstance(child, DictConfig) and not child._is_none():
-            if child._metadata.object_type is dict:
-                paths.append(f"{prefix}{key}")
-            else:
-                paths += _free_form_mappings(child, f"{prefix}{key}.")
+        if prefix == "" and key == "hydra" or not isinstance(child, DictConfig) or child._is_none():
+            continue
+        if child._metadata.object_type is dict and is_dataclass(OmegaConf.get_type(node)):
+            paths.append(f"{prefix}{key}")
+        elif is_dataclass(OmegaConf.get_type(child)):
+            paths += free_form_mappings(child, f"{prefix}{key}.")
     return paths
 
 
@@ -172,8 +171,12 @@ def compose_job(overrides: list[str]) -> tuple[DictConfig, dict[str, str], Path]
 
 
 def chosen_options(hydra_choices) -> dict[str, str]:
-    """The group options of a composition (Hydra also lists its own groups and the schema entries)."""
-    return {group: str(hydra_choices[group]) for group in GROUPS if group in hydra_choices}
+    """The group options of a composition, and its experiment preset if any (Hydra also lists its own groups
+    and the schema entries)."""
+    chosen = {group: str(hydra_choices[group]) for group in GROUPS if group in hydra_choices}
+    if hydra_choices.get(EXPERIMENT) is not None:
+        chosen[EXPERIMENT] = str(hydra_choices[EXPERIMENT])
+    return chosen
 
 
 def options_line(choices: dict[str, str]) -> str:

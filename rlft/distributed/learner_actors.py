@@ -85,12 +85,13 @@ class LearnerActor:
         return None
 
     def keep_weights(self, key: int) -> int:
-        """Every rank gathers the weights (FSDP); rank 0 keeps a copy under `key`. Its bytes (0 elsewhere)."""
-        copy = self.worker.snapshot_weights()
+        """Every rank takes part in gathering the weights (FSDP); rank 0 keeps a copy under `key`. Its bytes
+        (0 elsewhere)."""
         if self.rank != 0:
+            self.worker.rollout_weights()
             return 0
-        self.kept[key] = copy
-        return copy.bytes
+        self.kept[key] = self.worker.snapshot_weights()
+        return self.kept[key].bytes
 
     def send_kept_weights(self, key: int) -> SyncStats:
         """Rank 0 broadcasts the copy kept under `key`."""

@@ -109,6 +109,12 @@ class Collector:
         self._engine_holds(self.learner_version)
         return sync, waited
 
+    def skip_update(self, learner: Learner) -> None:
+        """A step whose batch was empty (dynamic sampling kept no group): with batches scheduled ahead, its
+        unchanged weights still count as this step's version, since the schedule counts steps; without, nothing."""
+        if self.max_staleness:
+            self.push_weights(learner)
+
     def catch_up(self, learner: Learner) -> float:
         """Before an evaluation: the batches queued are finished (they keep their weights) and the engine takes
         the learner's current weights. Seconds spent waiting."""
@@ -159,6 +165,9 @@ class Collector:
             self._snapshot_ready.notify_all()
         if self._producer is not None:
             self._producer.shutdown(wait=True, cancel_futures=True)
+        for copy in self._snapshots.values():  # after an error: copies the engine never took
+            copy.release()
+        self._snapshots.clear()
         if self.episodes is not None:
             self.episodes.runner.close()
 

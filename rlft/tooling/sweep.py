@@ -30,6 +30,12 @@ def run_dirs_under(paths: list[Path]) -> list[Path]:
     return found
 
 
+def run_label(options: dict[str, str]) -> str:
+    """The algorithm, and the experiment preset when there is one (runs of two presets are not averaged)."""
+    algo = options.get("algo", "?")
+    return f"{algo} ({options['experiment']})" if "experiment" in options else algo
+
+
 def summarize_run(run_dir: Path) -> dict:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
     evals = [r for r in rows if r.get("kind") == "eval"]
@@ -38,7 +44,7 @@ def summarize_run(run_dir: Path) -> dict:
     config = saved_config(run_dir / "config.yaml")
     return {
         "run": run_dir.name,
-        "algo": saved_options(run_dir / "config.yaml").get("algo", "?"),
+        "algo": run_label(saved_options(run_dir / "config.yaml")),
         "seed": config.seed,
         "held-out before": evals[0][EVAL_ACCURACY] if evals else None,
         "held-out after": evals[-1][EVAL_ACCURACY] if evals else None,
