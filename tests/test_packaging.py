@@ -20,6 +20,7 @@ def test_rlft_trains_from_the_installed_wheel_layout(tmp_path):
         names = archive.namelist()
         archive.extractall(site)
     assert "rlft/conf/config.yaml" in names and "rlft/conf/algo/grpo.yaml" in names
+    assert "rlft/conf/experiment/smollm2_chain_sum.yaml" in names  # the presets travel too
     assert "rlft/models/tiny_adder/model.safetensors" in names
     # Run with only the extracted wheel on the path, from a folder that is not the checkout.
     env = os.environ | {"PYTHONPATH": str(site), "TQDM_DISABLE": "1"}
