@@ -71,8 +71,7 @@ def train_command(args: list[str]) -> int:
     malformed = thread_variable_problem()  # before torch loads: its OpenMP runtime would complain first
     if malformed:
         return _fail(malformed)
-    from rlft.config.describe import describe_config_error
-    from rlft.errors import Interrupted, UserError, WorkerDied, first_line
+    from rlft.errors import Interrupted, UserError, WorkerDied
 
     overrides = args
     signal.signal(signal.SIGTERM, _terminated)  # a scheduler's stop ends like Ctrl-C: one line, checkpoint named
@@ -102,14 +101,23 @@ def train_command(args: list[str]) -> int:
     except (UserError, WorkerDied) as err:
         return _fail(str(err))
     except Exception as err:  # Hydra/OmegaConf config errors and the disk's are reworded; anything else is a bug
-        message = describe_config_error(err, choices_for(overrides))
-        if message is None and isinstance(err, OSError) and err.filename:  # full, read-only, gone
-            message = f"{err.strerror or err}: {err.filename}"
-        if message is None and type(err).__name__ == "SafetensorError" and "(os error" in str(err):
-            message = f"writing weights: {first_line(err).rpartition('I/O error: ')[2]}"  # the disk's, from Rust
+        message = reworded(err, overrides)
         if message is None:
             raise
         return _fail(message)
+
+
+def reworded(err: Exception, overrides: list[str]) -> str | None:
+    """One line for a config error (Hydra's, OmegaConf's) or the disk's (full, read-only, gone); None for
+    anything else, which is a bug and keeps its traceback."""
+    from rlft.config.describe import describe_config_error
+    from rlft.errors import first_line
+    message = describe_config_error(err, choices_for(overrides))
+    if message is None and isinstance(err, OSError) and err.filename:
+        message = f"{err.strerror or err}: {err.filename}"
+    if message is None and type(err).__name__ == "SafetensorError" and "(os error" in str(err):
+        message = f"writing weights: {first_line(err).rpartition('I/O error: ')[2]}"  # the disk's, from Rust
+    return message
 
 
 def run_one(overrides: list[str], controls, saved) -> int:
@@ -122,6 +130,9 @@ def run_one(overrides: list[str], controls, saved) -> int:
         dcfg, choices = with_saved_values(dcfg, choices, saved)
     train(to_run_config(dcfg, choices), run_dir, controls, choices)
     return 0
+
+
+MAX_EVAL_SAMPLES = 1024
 
 
 @dataclass(frozen=True)
@@ -137,7 +148,6 @@ def eval_command(args: list[str]) -> int:
     malformed = thread_variable_problem()
     if malformed:
         return _fail(malformed)
-    from rlft.config.describe import describe_config_error
     from rlft.errors import UserError
 
     signal.signal(signal.SIGTERM, _terminated)
@@ -153,9 +163,7 @@ def eval_command(args: list[str]) -> int:
     except UserError as err:
         return _fail(str(err))
     except Exception as err:  # Hydra/OmegaConf config errors and the disk's are reworded; anything else is a bug
-        message = describe_config_error(err, choices_for(overrides))
-        if message is None and isinstance(err, OSError) and err.filename:
-            message = f"{err.strerror or err}: {err.filename}"
+        message = reworded(err, overrides)
         if message is None:
             raise
         return _fail(message)
@@ -209,6 +217,9 @@ def split_eval_args(args: list[str]) -> tuple[Path | None, list[str], EvalOption
     for name in ("samples", "show"):
         if name in values and not values[name].isdigit():
             raise ConfigError(f"--{name} takes a whole number >= 0 (got '{values[name]}')")
+    if int(values.get("samples", 0)) > MAX_EVAL_SAMPLES:  # every problem's K completions are held at once
+        raise ConfigError(f"--samples takes at most {MAX_EVAL_SAMPLES} (got {values['samples']}): pass@k beyond it "
+                          "is better estimated from fewer samples (Chen et al.'s estimator)")
     options = EvalOptions(samples=int(values.get("samples", 0)), show=int(values.get("show", 5)),
                           out=Path(values["out"]) if "out" in values else None)
     return (Path(targets[0]) if targets else None), overrides, options

@@ -27,6 +27,7 @@ from rlft.algos.shaping import kl_in_reward
 from rlft.config import RunConfig
 from rlft.config.compose import options_line
 from rlft.config.env import response_budget
+from rlft.config.rollout import partial_chunk
 from rlft.data.sampler import PromptSampler
 from rlft.errors import Interrupted, NonFiniteUpdates, NonFiniteWeights, RewardError, UserError, WorkerDied
 from rlft.learner.local import LocalLearner
@@ -38,6 +39,7 @@ from rlft.rollout.collect import Collector, Overlong
 from rlft.tooling.allocator import reuse_freed_memory
 from rlft.tooling.flops import model_shape, rollout_tokens, step_work
 from rlft.tooling.metrics import EVAL_ACCURACY, Stopwatch, collected_row, eval_row, step_row
+from rlft.tooling.collapse import COLLAPSE_WINDOW, CollapseReading, CollapseWatch
 from rlft.tooling.monitor import Monitor, read_metrics, truncate_metrics
 from rlft.tooling.peaks import run_roofs
 from rlft.tooling.profiling import StepProfiler
@@ -115,6 +117,11 @@ class Loop:
         self.roofs = run_roofs(cfg)
         self.saved = [self.start_step]  # steps checkpointed by this invocation, newest last
         self.nonfinite_streak = 0       # steps in a row whose update was not applied (not finite)
+        t = cfg.trainer
+        self.collapse = CollapseWatch(COLLAPSE_WINDOW, t.collapse_drop)
+        if self.start_step:  # the watch's state is its logged rewards: a resumed run fires where a straight one does
+            self.collapse.replay(read_metrics(run_dir / "metrics.jsonl"))
+        self.collapsed_at: int | None = None  # the step trainer.stop_on_collapse stopped the run at
 
     def step(self, step: int) -> bool:
         """One step of the algorithm; True when this invocation stops after it."""
@@ -123,10 +130,11 @@ class Loop:
         # ---- 1-3. Sample prompts, generate a group of responses each, score them. Dynamic sampling keeps
         #           only mixed groups; with max_staleness k > 0 this batch was collected during earlier updates.
         groups = self.collector.collect(step)
+        collapse = self.collapse.observe(groups.generated_reward_mean)
         if groups.num_groups == 0:  # every group was all-equal: nothing to learn from this step
             self.collector.skip_update(self.learner)
-            self.monitor.log(collected_row(step, groups) | {"perf/step_seconds": clock.total()})
-            return self.end_of_step(step)
+            self.monitor.log(collected_row(step, groups) | collapse.row() | {"perf/step_seconds": clock.total()})
+            return self.end_of_step(step, collapse)
         rollout, rewards = groups.rollout, groups.rewards
 
         # ---- 4. Reference log-probs for the KL penalty: in the loss, or (kl_in_reward) in the reward.
@@ -157,8 +165,8 @@ class Loop:
         work = step_work(self.shape, rollout_tokens(rollout, groups.num_groups), ppo_epochs=algo.ppo_epochs,
                          reference=algo.kl_coef > 0, weight_grads=self.cfg.model.lora is None)
         self.monitor.log(step_row(step, groups, rewards, stats, sync, waited, settings, lr, clock,
-                                  self.learner.peak_memory_mb(), work, self.roofs))
-        return self.end_of_step(step)
+                                  self.learner.peak_memory_mb(), work, self.roofs) | collapse.row())
+        return self.end_of_step(step, collapse)
 
     def run(self) -> dict:
         step = self.start_step
@@ -184,13 +192,15 @@ class Loop:
             raise type(err)(f"{err} [step {step}; {self.resume_hint()}]") from err
         finally:
             self.collector.close()
-        if step == self.prepared.steps:
+        if step == self.prepared.steps and self.collapsed_at is None:
             final = self.run_dir / "final_model"
             self.learner.save_model(final)
             self.prepared.tokenizer.save_pretrained(final)
             self.monitor.log_model(final)
         self.monitor.close()
         summary = summarize(self.run_dir, step)
+        if self.collapsed_at is not None:
+            summary["stopped_on_collapse"] = self.collapsed_at
         self.monitor.print(format_summary(summary))
         return summary
 
@@ -206,13 +216,33 @@ class Loop:
             raise NonFiniteUpdates(message)  # run() adds the step and the checkpoint to resume from
         self.monitor.warn(f"step {step}: {message}")
 
+    def warn_collapse(self, step: int, collapse: CollapseReading, stop: bool) -> None:
+        t = self.cfg.trainer
+        what = (f"step {step}: collapse: the task reward's mean over {COLLAPSE_WINDOW} steps, "
+                f"{collapse.window_mean:.3f}, is {collapse.drop:.0%} below its best, {collapse.best_window:.3f} "
+                f"(trainer.collapse_drop={t.collapse_drop})")
+        if stop:
+            kept = self.saved[-1]
+            where = f"the checkpoint of step {kept} is kept" if kept else "no checkpoint was written"
+            self.monitor.warn(f"{what}; stopping (trainer.stop_on_collapse=true): {where}, no final model")
+        else:
+            self.monitor.warn(f"{what}; going on (trainer.stop_on_collapse=true stops here)")
+
     def checkpoint_due(self, step: int) -> bool:
         return step % self.cfg.trainer.save_every == 0 or step in (self.prepared.steps, self.controls.exit_after_step)
 
-    def end_of_step(self, step: int) -> bool:
-        """Held-out evaluation and checkpoint when due; True when this invocation stops here."""
-        if step % self.cfg.trainer.eval_every == 0 or step == self.prepared.steps:
+    def end_of_step(self, step: int, collapse: CollapseReading) -> bool:
+        """Held-out evaluation and checkpoint when due; True when this invocation stops here. A step where the
+        collapse rule starts firing warns; with trainer.stop_on_collapse it is evaluated and the run stops there,
+        without a checkpoint (the last one, from before the collapse, is kept)."""
+        stop = collapse.fired and self.cfg.trainer.stop_on_collapse
+        if collapse.onset or stop:
+            self.warn_collapse(step, collapse, stop)
+        if step % self.cfg.trainer.eval_every == 0 or step == self.prepared.steps or stop:
             self.evaluate(step)
+        if stop:
+            self.collapsed_at = step
+            return True
         if self.checkpoint_due(step):
             position, rollout_rng = self.collector.state()
             state = TrainerState(step=step, sampler_position=position, rollout_rng=rollout_rng,
@@ -258,7 +288,7 @@ def build_collector(cfg: RunConfig, prepared: Prepared, engine: RolloutEngine, *
         tokenizer.pad_token_id, prompts_per_step=cfg.trainer.prompts_per_step,
         dynamic_sampling=algo.dynamic_sampling, max_sampling_rounds=algo.max_sampling_rounds, overlong=overlong,
         max_staleness=rollout.staleness, sync_point=sync_point, sleep=getattr(rollout, "enable_sleep_mode", False),
-        weights_version=weights_version, chunk_tokens=rollout.partial_chunk,
+        weights_version=weights_version, chunk_tokens=partial_chunk(cfg),
         episodes=prepared.episodes.runner(engine) if prepared.episodes is not None else None)
 
 
@@ -278,5 +308,7 @@ def format_summary(summary: dict) -> str:
         gain = 100 * (summary["accuracy_after"] - summary["accuracy_before"])
         lines.append(f"held-out accuracy: {summary['accuracy_before']:.3f} (step 0) -> "
                      f"{summary['accuracy_after']:.3f} (step {summary['eval_step_after']}), {gain:+.1f} points")
+    if "stopped_on_collapse" in summary:
+        lines.append(f"stopped at step {summary['stopped_on_collapse']}: collapse (trainer.stop_on_collapse)")
     lines.append(f"run directory: {summary['run_dir']}")
     return "\n".join(lines)

@@ -177,6 +177,7 @@ class ScoredGroups:
     stale_dropped: int = 0      # partial rollouts: groups dropped for a token more than k versions old
     carried_groups: int = 0     # partial rollouts: groups begun in an earlier step's generation
     passes: int = 1             # engine passes of the collection (partial rollouts: chunks)
+    generated_reward_mean: float = float("nan")  # the task reward of every response generated, kept or dropped
 
     @property
     def num_groups(self) -> int:

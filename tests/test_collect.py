@@ -1,5 +1,6 @@
 """Phases 1-3 with DAPO's dynamic sampling, on the real engine with rewards that make some groups all-equal."""
 
+import pytest
 import torch
 
 from rlft.algos.shaping import mixed_groups
@@ -63,6 +64,19 @@ def test_dynamic_sampling_stops_after_max_rounds_and_may_keep_nothing():
     scored, sampler = collect(lambda prompts, completions, answers: [0.0] * len(prompts), rounds=3)
     assert scored.rounds == 3 and sampler.position == 18
     assert scored.num_groups == 0 and scored.dropped_groups == 18 and scored.rollout.response_ids.shape[0] == 0
+    assert scored.generated_reward_mean == 0.0
+
+
+def test_the_generated_reward_counts_the_groups_dynamic_sampling_dropped():
+    """The collapse rule's input (rlft.tooling.collapse): every response generated, not only the kept ones,
+    so a run whose groups all fail is seen failing even when dynamic sampling keeps nothing."""
+    even_right = lambda prompts, completions, answers: [float(first_operand_is_even(p)) for p in prompts]  # noqa: E731
+    scored, _ = collect(even_right, rounds=1)
+    problems, _ = split_problems(10, 99, 500, 0)
+    dealt = PromptSampler(problems, seed=0).next(6)  # the same six prompts, dealt again
+    share_even = sum(first_operand_is_even(p.prompt) for p in dealt) / 6
+    assert scored.num_groups == 0 and 0 < share_even < 1  # every group all-equal: all dropped
+    assert scored.generated_reward_mean == pytest.approx(share_even)
 
 
 def test_without_dynamic_sampling_every_group_is_kept_in_one_round():

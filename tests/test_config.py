@@ -87,11 +87,12 @@ def leaves(node: DictConfig, prefix: str = "") -> list[str]:
 
 
 def test_the_default_config_stays_small(rlft_here):
-    """Under 60 keys until the off-policy issue's objective, correction, staleness and partial-rollout keys (67 now,
-    with algo.clip_cov): a key is added only where a run needs it, and sections that are off are one null key."""
+    """Under 60 keys until the off-policy issue's objective, correction, staleness and partial-rollout keys (67 with
+    algo.clip_cov, 69 with the collapse rule's two): a key is added only where a run needs it, and sections that
+    are off are one null key."""
     printed = OmegaConf.create(rlft_here("train", "--cfg", "job").stdout)
     count = len(leaves(OmegaConf.merge(compose([])[0], printed)))
-    assert count <= 67, count
+    assert count <= 69, count
 
 
 @pytest.mark.parametrize("group,option", group_options())
@@ -134,6 +135,19 @@ def test_partial_rollouts_compose_with_dynamic_sampling():
     run = composed("rollout.partial_rollouts=true", "rollout.max_staleness=2", "algo=dapo")
     validate(run)
     assert run.algo.dynamic_sampling and run.rollout.partial_rollouts
+
+
+def test_partial_rollouts_take_episodes_and_engine_routes_and_chunk_an_episodes_budget():
+    from rlft.config.rollout import partial_chunk
+    episodes = composed("rollout.partial_rollouts=true", "rollout.max_staleness=1", "env=calculator",
+                        "model=tiny_calculator", "data=calculator", "rollout.max_new_tokens=8")
+    validate(episodes)
+    assert partial_chunk(episodes) == 48 // 4  # a quarter of env.max_tokens, not of max_new_tokens
+    routed = composed("rollout.partial_rollouts=true", "rollout.max_staleness=1", "model=tiny_moe",
+                      "algo.routing_replay=rollout")
+    validate(routed)
+    assert partial_chunk(routed) == routed.rollout.max_new_tokens // 4
+    assert partial_chunk(composed()) is None
 
 
 def test_overrides_of_an_optional_section_apply_in_order():
@@ -205,7 +219,7 @@ ERRORS = [
     (["rollout.partial_rollouts=true", "rollout.max_staleness=1", "rollout.chunk_tokens=8"],
      "rollout.chunk_tokens=8 is not below rollout.max_new_tokens=8"),
     (["rollout.partial_rollouts=true", "rollout.max_staleness=1", "env=calculator", "model=tiny_calculator",
-      "data=calculator"], "rollout.partial_rollouts=true with multi-turn episodes (env) is not built yet"),
+      "data=calculator", "rollout.chunk_tokens=48"], "rollout.chunk_tokens=48 is not below env.max_tokens=48"),
     (["rollout=vllm", "rollout.weight_sync=nccl"], "rollout.weight_sync='nccl' is not one of: rpc, broadcast"),
     (["rollout=vllm", "rollout.gpu_memory_utilization=1.5"], "rollout.gpu_memory_utilization must be in (0, 1]"),
     (["hardware=cpu_ray", "hardware.learner_ranks=1", "hardware.fsdp=true"],

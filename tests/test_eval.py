@@ -108,6 +108,7 @@ ERRORS = {  # name: (arguments, words of the error), "RUN" standing for the trai
     "negative samples": (["--samples", "-1"], "--samples takes a whole number >= 0 (got '-1')"),
     "samples not a number": (["--samples=two"], "--samples takes a whole number >= 0"),
     "samples without a value": (["--samples"], "--samples takes a value"),
+    "too many samples": (["--samples", "5000"], "--samples takes at most 1024 (got 5000)"),
     "show not a number": (["--show", "1.5"], "--show takes a whole number >= 0"),
     "unknown flag": (["--bogus"], "rlft eval does not take '--bogus'"),
     "two targets": (["RUN", "RUN"], "takes one TARGET"),

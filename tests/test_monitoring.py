@@ -112,3 +112,15 @@ def test_runs_of_two_experiment_presets_are_not_averaged_together():
             for i, name in enumerate(["smollm2_products", "smollm2_products", "smollm2_chain_sum"])]
     means = format_table(runs).split("\n\n")[1]
     assert "| grpo (smollm2_products) | 2 |" in means and "| grpo (smollm2_chain_sum) | 1 |" in means
+
+
+def test_compare_labels_runs_named_by_overrides_by_what_differs_and_folds_seeds(tmp_path):
+    from rlft.tooling.compare import run_labels
+    runs = []
+    for i, (algo, kl, seed) in enumerate([("grpo", 0, 0), ("grpo", 0, 1), ("grpo", 0.04, 0), ("gspo", 0, 0)]):
+        run = tmp_path / f"{i}_algo={algo},algo.kl_coef={kl},trainer.steps=5,seed={seed}"
+        run.mkdir()
+        (run / "config.yaml").write_text(f"# options: algo={algo} model=tiny_adder\nseed: {seed}\n")
+        runs.append(run)
+    assert run_labels(runs) == ["grpo algo.kl_coef=0", "grpo algo.kl_coef=0", "grpo algo.kl_coef=0.04",
+                                "gspo algo.kl_coef=0"]

@@ -45,6 +45,22 @@ def test_multi_turn_resume_continues_exactly(rlft, tmp_path):
     assert_same_run(straight, resumed)
 
 
+def test_partial_rollouts_of_episodes_train_and_resume_exactly(rlft, tmp_path):
+    """Episodes whose turns span weight pushes (rollout.partial_rollouts, 4 tokens a pass, k = 2): carried
+    groups are trained on, no token is older than k, and a run stopped at its checkpoint resumes exactly."""
+    budget = [*CALCULATOR, "rollout.max_staleness=2", "rollout.partial_rollouts=true", "rollout.chunk_tokens=4",
+              "algo.correction.kind=token_tis", "trainer.steps=4", "trainer.eval_every=100", "trainer.save_every=2"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    rlft("train", f"hydra.run.dir={straight}", *budget)
+    steps = [r for r in read_metrics(straight) if r.get("kind") != "eval"]
+    assert len(steps) == 4 and all(r["rollout/staleness"] <= 2 for r in steps)
+    assert sum(r["rollout/carried_groups"] for r in steps) > 0 and all(r["rollout/passes"] > 1 for r in steps)
+    assert all(r["episode/turns_mean"] >= 1 and r["episode/observation_tokens_mean"] >= 0 for r in steps)
+    rlft("train", f"hydra.run.dir={resumed}", *budget, "trainer.exit_after_step=2")
+    rlft("train", f"resume={resumed}")
+    assert_same_run(straight, resumed)
+
+
 @pytest.mark.parametrize("algo", [["algo=dapo", "rollout.async_steps=1", "algo.tis_cap=2"], ["algo=gspo"]],
                          ids=["dapo-async", "gspo"])
 def test_dapo_with_collection_ahead_and_gspo_train_on_episodes(rlft, tmp_path, algo):

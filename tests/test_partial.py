@@ -192,3 +192,138 @@ def test_steps_that_keep_no_group_still_advance_the_schedule():
     c.close()
     assert finished == [True], "the producer waited for weights that never came"
     assert c.learner_version == 6
+
+
+# --- multi-turn episodes through the pool -------------------------------------------------------------------
+
+def continuing_engine(tokenizer, script):
+    """Like test_envs' ScriptedEngine, but continues a turn begun in an earlier pass: the turn's whole text is
+    the script's answer to the history before it, and a request gets what is left of it after what the
+    request already holds. Each token's log-prob encodes the version of the weights that sampled it."""
+    from rlft.rollout.batching import left_pad, right_pad
+
+    class Engine:
+        version, requests = 0, []
+
+        def update_weights(self, named):
+            self.version = int(dict(named)["version"])
+
+        def generate(self, prompts, params):
+            responses, truncated = [], []
+            for prompt in prompts:
+                self.requests.append(list(prompt))
+                text = tokenizer.decode(prompt)
+                start = max(text.rfind("</result>") + len("</result>") if "</result>" in text else 0,
+                            text.index("=") + 1)
+                turn = tokenizer.encode(script(text[:start]), add_special_tokens=False) + [1]
+                begun = len(tokenizer.encode(text[start:], add_special_tokens=False))
+                rest = turn[begun:]
+                truncated.append(len(rest) > params.max_new_tokens)
+                responses.append(rest[:params.max_new_tokens])
+            prompt_ids, prompt_mask = left_pad(prompts, 0)
+            ids, mask = right_pad(responses, 0, torch.long)
+            logprobs, _ = right_pad([[-(self.version + 1) / 10] * len(r) for r in responses], 0.0, torch.float32)
+            return Rollout(prompt_ids, prompt_mask, ids, mask, logprobs, torch.tensor(truncated))
+
+    return Engine()
+
+
+@pytest.mark.parametrize("k,chunk", [(1, 3), (2, 2)])
+def test_episodes_continue_their_turns_across_weight_pushes_token_for_token(k, chunk):
+    """Partial rollouts of multi-turn episodes: a turn cut by the chunk goes on in a later pass (or collection)
+    from its own ids; the episode is the one an unchunked run gives, tool output included; every sampled id
+    keeps the version that sampled it, observations are never trained on, and no batch is older than k."""
+    from test_envs import PROBLEMS, Config, calculator_script, char_tokenizer
+
+    from rlft.envs import EpisodeSetup
+
+    tokenizer = char_tokenizer()
+    problems = [PROBLEMS[i % 2] for i in range(40)]
+    reference_engine = continuing_engine(tokenizer, calculator_script)
+    reference = EpisodeSetup(Config, tokenizer).runner(reference_engine)
+    engine, learner = continuing_engine(tokenizer, calculator_script), VersionLearner()
+    runner = EpisodeSetup(Config, tokenizer).runner(engine)
+    right = lambda problems, completions, lengths: Scores(  # noqa: E731
+        torch.tensor([c == p.answer for p, c in zip(problems, completions)]).float(), torch.zeros(len(problems)), {})
+    steps = 6
+    c = Collector(engine, PromptSampler(problems, seed=0, shuffle=False), lambda text: tokenizer.encode(text),
+                  lambda ids: [""] * ids.shape[0], right, SamplingParams(n=2, max_new_tokens=24), pad_id=0,
+                  prompts_per_step=2, max_staleness=k, sync_point=lambda step: step == steps, chunk_tokens=chunk,
+                  episodes=runner)
+    carried = 0
+    try:
+        expected = reference.run(PROBLEMS, SamplingParams(n=1, max_new_tokens=24))
+        for step in range(1, steps + 1):
+            groups = c.collect(step)
+            r = groups.rollout
+            sampled = r.model_mask.bool()
+            assert torch.equal(r.versions[sampled], versions_from_logprobs(r)[sampled])
+            assert int(((step - 1) - r.versions[sampled]).max()) <= k
+            assert torch.equal(r.logprobs != 0, sampled)  # observation ids: context, no log-prob, no loss
+            for row, problem in enumerate(p for p in groups.problems for _ in range(2)):
+                want = expected.rollout.select([PROBLEMS.index(problem)])
+                width = int(want.response_mask.sum())
+                assert r.response_ids[row, :width].tolist() == want.response_ids[0, :width].tolist()
+                assert r.sampled_mask[row, :width].tolist() == want.sampled_mask[0, :width].tolist()
+                assert int(r.response_mask[row].sum()) == width
+            assert groups.scores.total.tolist() == [1.0] * r.size  # scored on the final turn's text
+            assert groups.episodes.cut == ["done"] * r.size and groups.episodes.turns.tolist() == [2] * r.size
+            carried += groups.carried_groups
+            learner.version += 1
+            c.push_weights(learner)
+        assert carried > 0  # turns really spanned collections
+        assert not c.partial.in_flight and not c.partial.finished  # the last step drained the pool
+        # the engine continued each turn from the sequence so far: some requests end inside a model turn
+        assert any(not tokenizer.decode(q).endswith(("=", "</result>")) for q in engine.requests)
+    finally:
+        c.close()
+        reference.runner.close()
+
+
+# --- routing replay from the engine (R3) with partial rollouts --------------------------------------------
+
+def test_partial_rollouts_keep_the_routes_of_each_sequences_latest_pass():
+    """A real MoE engine generating in chunks of 2 with its routers moved between collections: every token of
+    a finished sequence (but the last, never fed) carries the experts a full forward pass under the final
+    weights picks, which the last pass's prefill recomputed."""
+    from test_routing import RouterTap, nudge_routers, qwen3_moe
+
+    from rlft.rollout.hf_engine import HFEngine
+    from rlft.rollout.partial import PartialRollouts
+
+    model = qwen3_moe()
+    engine = HFEngine(model, pad_id=0, eos_ids=[1], seed=0, return_routes=True)
+    pool = PartialRollouts(engine, lambda text: [int(t) for t in text.split()],
+                           SamplingParams(n=2, temperature=1.0, max_new_tokens=8), chunk_tokens=2, pad_id=0)
+    problems = [Problem(prompt=" ".join(str(2 + (7 * i + j) % 29) for j in range(2 + i % 4)), answer="")
+                for i in range(12)]
+    sampler = PromptSampler(problems, seed=0, shuffle=False)
+    for step in range(1, 20):  # until a collection leaves a group in flight
+        first = pool.collect(sampler, 2, step=step, version=0, oldest_allowed=0, drain=False)
+        if pool.in_flight:
+            break
+    assert pool.in_flight and first.rollout.routes is not None
+    nudge_routers(model, scale=2.0)
+    second = pool.collect(sampler, 2, step=step + 1, version=1, oldest_allowed=0, drain=True)
+    assert any(second.carried)
+    r = second.rollout
+    ids = torch.cat([r.prompt_ids, r.response_ids], 1)
+    mask = torch.cat([r.prompt_mask, r.response_mask], 1)
+
+    def routes_of_a_full_pass(weights):
+        tap = RouterTap(weights)
+        tap.begin(0, mask, record=True, replay=False, compare=False)
+        with torch.no_grad():
+            weights(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0))
+        return torch.stack([tap.recorded[0][layer] for layer in range(2)], 1).view(r.size, ids.shape[1], 2, 2)
+
+    # each row's last pass ran under the weights of its newest token (a carried group's other rows may have
+    # finished under the old ones)
+    latest = r.versions.max(1).values.bool()
+    assert latest.any() and ((r.versions == 0) & r.response_mask.bool())[latest].any()  # and older tokens
+    full = torch.where(latest[:, None, None, None], routes_of_a_full_pass(model), routes_of_a_full_pass(qwen3_moe()))
+    scored = mask.clone()
+    scored[torch.arange(r.size), r.prompt_ids.shape[1] + r.response_mask.sum(-1) - 1] = 0
+    same = (r.routes.long().sort(-1).values == full.sort(-1).values).all(-1).all(-1)
+    assert r.routes.shape[:2] == ids.shape and same[scored.bool()].all()
+    assert (r.routes[~scored.bool()] == 0).all()  # padding and each last token: expert 0

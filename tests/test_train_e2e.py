@@ -164,12 +164,17 @@ def test_resume_refuses_to_switch_config_groups(rlft, tmp_path):
 
 @pytest.mark.slow
 def test_the_default_run_learns(rlft, tmp_path):
-    """`make train`'s run, full length: +20 points of held-out accuracy (the issue's bar)."""
+    """`make train`'s run, full length: +20 points of held-out accuracy (the issue's bar), and the collapse rule
+    (rlft.tooling.collapse) quiet all along: its drop stays well below trainer.collapse_drop."""
     run = tmp_path / "run"
-    rlft("train", f"hydra.run.dir={run}", "logger.console=false")
-    evals = [r for r in read_metrics(run) if r.get("kind") == "eval"]
+    proc = rlft("train", f"hydra.run.dir={run}", "logger.console=false")
+    rows = read_metrics(run)
+    evals = [r for r in rows if r.get("kind") == "eval"]
     before, after = evals[0]["eval/accuracy"], evals[-1]["eval/accuracy"]
     assert after - before >= 0.20, (before, after)
+    steps = [r for r in rows if r.get("kind") != "eval"]
+    assert not any(r["collapse/fired"] for r in steps) and "collapse:" not in proc.stderr
+    assert max(r["collapse/reward_drop"] for r in steps) < 0.25
 
 
 @pytest.mark.slow
@@ -222,6 +227,18 @@ def test_routing_replay_on_the_moe_model_leaves_no_drift(rlft, tmp_path, source)
     assert any(used > 0 for used, _ in drift["false"])
     assert all(used == router for used, router in drift["false"])
     assert all(used == 0.0 for used, _ in drift["true"]) and any(router > 0 for _, router in drift["true"])
+
+
+def test_engine_routes_are_replayed_on_partial_rollouts(rlft, tmp_path):
+    """R3 with partial rollouts: sequences continued under newer weights still carry the engine's routes for
+    every token, so the learner's passes use exactly the recorded experts."""
+    run = tmp_path / "run"
+    rlft("train", f"hydra.run.dir={run}", *TINY_RUN, "model=tiny_moe", "trainer.steps=3", "trainer.eval_every=3",
+         "algo.ppo_epochs=2", "optim.lr=1e-3", "algo.routing_replay=rollout", "rollout.max_staleness=1",
+         "rollout.partial_rollouts=true", "rollout.chunk_tokens=1")
+    rows = [r for r in read_metrics(run) if r.get("kind") != "eval"]
+    assert sum(r["rollout/carried_groups"] for r in rows) > 0
+    assert all(r["moe/routing_drift"] == 0.0 for r in rows) and any(r["moe/router_drift"] > 0 for r in rows)
 
 
 def test_profile_writes_a_trace_of_step_two_and_the_time_split_adds_up(rlft, tmp_path):

@@ -136,12 +136,15 @@ def check(cfg) -> None:
                           "the prompt itself")
 
 
-def check_task_entry(key: str, entry) -> None:
-    """A task's weight (> 0), alone or under `weight` with the generator's options (those are checked
-    against the generator where the task is loaded)."""
+def check_task_entry(key: str, entry) -> tuple[float, dict]:
+    """(weight, the generator's options) of a `data.tasks` entry: a weight (> 0), alone or under `weight`
+    beside the options (those are checked against the generator where the task is loaded)."""
+    options = {}
     if isinstance(entry, dict):
+        options = {k: v for k, v in entry.items() if k != "weight"}
         key, entry = f"{key}.weight", entry.get("weight", 1.0)
     if isinstance(entry, bool) or not isinstance(entry, (int, float)):
         raise ConfigError(f"{key} must be a weight (a number > 0), or the task's {{weight: W, option: value, ...}} "
                           f"(got {entry!r})")
     positive(key, entry)
+    return float(entry), options

@@ -7,6 +7,7 @@ from enum import StrEnum
 from typing import ClassVar, Optional
 
 from rlft.config.checks import at_least, within
+from rlft.config.env import response_budget, response_budget_key
 from rlft.errors import ConfigError
 
 
@@ -32,14 +33,8 @@ class SamplingConfig:
     """Responses unfinished when a step has its groups continue next step under the newer weights (each
     token keeps its version); needs max_staleness >= 1, the age of a carried token."""
     chunk_tokens: Optional[int] = None
-    """Partial rollouts: tokens per sequence per engine pass; null = max_new_tokens // 4."""
-
-    @property
-    def partial_chunk(self) -> Optional[int]:
-        """Tokens per pass with partial rollouts, None without."""
-        if not self.partial_rollouts:
-            return None
-        return self.chunk_tokens if self.chunk_tokens is not None else max(1, self.max_new_tokens // 4)
+    """Partial rollouts: tokens per sequence per engine pass; null = a quarter of max_new_tokens (multi-turn:
+    of env.max_tokens)."""
 
     @property
     def staleness(self) -> int:
@@ -121,10 +116,15 @@ def check_partial(cfg) -> None:
                           "tokens are a version old when trained on: set rollout.max_staleness >= 1")
     if r.chunk_tokens is not None:
         at_least("rollout.chunk_tokens", r.chunk_tokens, 1)
-    if r.partial_chunk >= r.max_new_tokens:
-        raise ConfigError(f"rollout.chunk_tokens={r.partial_chunk} is not below rollout.max_new_tokens="
-                          f"{r.max_new_tokens}: every response would finish in one pass (nothing is partial)")
-    for needs_off, why in ((cfg.env.multi_turn, "multi-turn episodes (env)"),
-                           (cfg.algo.routing_source == "rollout", "algo.routing_replay=rollout (R3)")):
-        if needs_off:
-            raise ConfigError(f"rollout.partial_rollouts=true with {why} is not built yet: turn one of them off")
+    budget = response_budget(cfg)
+    if partial_chunk(cfg) >= budget:
+        raise ConfigError(f"rollout.chunk_tokens={partial_chunk(cfg)} is not below {response_budget_key(cfg)}="
+                          f"{budget}: every response would finish in one pass (nothing is partial)")
+
+
+def partial_chunk(cfg) -> Optional[int]:
+    """Tokens per sequence per engine pass with partial rollouts, None without."""
+    r = cfg.rollout
+    if not r.partial_rollouts:
+        return None
+    return r.chunk_tokens if r.chunk_tokens is not None else max(1, response_budget(cfg) // 4)

@@ -49,6 +49,12 @@ class TrainerConfig:
     max_nonfinite_steps: int = 3
     """Steps in a row whose loss or gradient norm is not finite (their update is not applied) before the run
     stops; the last checkpoint, which never holds non-finite weights, is intact."""
+    stop_on_collapse: bool = False
+    """Stop the run when the collapse rule fires: the task reward's mean over 5 steps has fallen
+    collapse_drop below its best so far (docs/stability.md). false: a warning, and the run goes on. A
+    stopped run keeps its last checkpoint from before the collapse and writes no final model."""
+    collapse_drop: float = 0.5
+    """The collapse rule's drop from the best 5-step mean of the task reward, in (0, 1]: 0.5 = below half."""
 
 
 @dataclass
@@ -107,6 +113,7 @@ def check(cfg: RunConfig) -> None:
     at_least("trainer.save_every", t.save_every, 1)
     at_least("trainer.keep_checkpoints", t.keep_checkpoints, 1)
     at_least("trainer.max_nonfinite_steps", t.max_nonfinite_steps, 1)
+    within("trainer.collapse_drop", t.collapse_drop, 0, 1, low_open=True)
     if t.epochs is not None:
         positive("trainer.epochs", t.epochs)
         if t.steps != TrainerConfig.steps:

@@ -9,6 +9,7 @@ import itertools
 import math
 from typing import Any
 
+from rlft.config.data import check_task_entry
 from rlft.errors import ConfigError
 from rlft.types import Problem
 
@@ -33,13 +34,9 @@ def task_specs(tasks: dict[str, Any]) -> list[TaskSpec]:
         if name not in factory.DATASETS:
             raise ConfigError(f"{key}: reasoning-gym has no task '{name}' (it has {len(factory.DATASETS)}, "
                               f"e.g. {', '.join(sorted(factory.DATASETS)[:6])})")
-        if isinstance(entry, dict):
-            options = dict(entry)
-            weight = options.pop("weight", 1.0)
-        else:
-            weight, options = entry, {}
+        weight, options = check_task_entry(key, entry)
         _check_options(key, factory.DATASETS[name][1], options)
-        specs.append(TaskSpec(name, float(weight), options))
+        specs.append(TaskSpec(name, weight, options))
     return specs
 
 

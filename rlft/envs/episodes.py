@@ -26,12 +26,14 @@ from rlft.types import EpisodeStats, Problem, Rollout, RolloutEngine, SamplingPa
 
 
 @dataclass
-class _Episode:
+class Episode:
     env: Environment
     prompt: list[int]
     ids: list[int] = field(default_factory=list)        # after the prompt: sampled and observation ids
     sampled: list[int] = field(default_factory=list)    # 1 where the engine sampled the id
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)   # per id: the weights version of the pass that added it
+    turn_start: int = 0                                 # where the current model turn begins in ids
     turns: int = 0
     tool_calls: int = 0
     tool_errors: int = 0
@@ -40,6 +42,10 @@ class _Episode:
     transcript: list[str] = field(default_factory=list)
     tool_outputs: list[str] = field(default_factory=list)  # of the calls that succeeded
     cut: str | None = None                              # None while live; then done | turns | tokens | tool_timeout
+
+    @property
+    def done(self) -> bool:
+        return self.cut is not None
 
 
 @dataclass
@@ -61,58 +67,87 @@ class EpisodeRunner:
     def run(self, problems: list[Problem], params: SamplingParams) -> Episodes:
         """params.n episodes per problem (params.max_new_tokens is not used: each turn may take what its
         episode has left of max_tokens, up to max_turn_tokens)."""
-        episodes = []
-        for problem in problems:
-            for _ in range(params.n):
-                env = self.make_env()
-                episodes.append(_Episode(env, self.chat.prompt_ids(env.reset(problem))))
+        episodes = [episode for problem in problems for episode in self.start(problem, params.n)]
         tool_seconds = 0.0
         live = list(episodes)
         while live:
-            turns = self._generate(live, params)
-            calls = [(episode, call) for episode, turn in zip(live, turns) for call in turn.tool_calls]
-            started = time.perf_counter()
-            results = self.runner.run([call for _, call in calls]) if calls else []
-            tool_seconds += time.perf_counter() - started if calls else 0.0
-            for episode, turn in zip(live, turns):
-                mine = [r for (owner, _), r in zip(calls, results) if owner is episode]
-                self._observe(episode, turn, mine)
-            live = [episode for episode in live if episode.cut is None]
-        return self._assemble(episodes, tool_seconds)
+            tool_seconds += self.advance(live, params)
+            live = [episode for episode in live if not episode.done]
+        return self.assemble(episodes, tool_seconds)
 
-    def _generate(self, live: list[_Episode], params: SamplingParams) -> list[Turn]:
-        """One turn of every live episode, in one engine call."""
-        room = max(self.max_tokens - len(e.ids) for e in live)
+    def start(self, problem: Problem, n: int) -> list[Episode]:
+        """n new episodes of `problem`, before their first turn."""
+        episodes = []
+        for _ in range(n):
+            env = self.make_env()
+            episodes.append(Episode(env, self.chat.prompt_ids(env.reset(problem))))
+        return episodes
+
+    def advance(self, live: list[Episode], params: SamplingParams, version: int = 0,
+                chunk_tokens: int | None = None) -> float:
+        """One engine call for every live episode: its current turn goes on by up to `chunk_tokens` tokens
+        (None: to the turn's end). Turns that end run their tool calls, all at once, and take their
+        observations; episodes that end are cut. Partial rollouts (rlft.rollout.partial) call it with a chunk
+        and the engine's weights version, which every id it adds keeps. Seconds spent waiting for tools."""
+        turns = self._generate(live, params, version, chunk_tokens)
+        ended = [(episode, turn) for episode, turn in zip(live, turns) if turn is not None]
+        calls = [(episode, call) for episode, turn in ended for call in turn.tool_calls]
+        started = time.perf_counter()
+        results = self.runner.run([call for _, call in calls]) if calls else []
+        tool_seconds = time.perf_counter() - started if calls else 0.0
+        for episode, turn in ended:
+            mine = [r for (owner, _), r in zip(calls, results) if owner is episode]
+            self._observe(episode, turn, mine, version)
+        return tool_seconds
+
+    def _turn_room(self, episode: Episode) -> int:
+        """Tokens the episode's current turn may still take: what is left of max_tokens and of max_turn_tokens."""
+        room = self.max_tokens - len(episode.ids)
+        if self.max_turn_tokens is not None:
+            room = min(room, self.max_turn_tokens - (len(episode.ids) - episode.turn_start))
+        return room
+
+    def _generate(self, live: list[Episode], params: SamplingParams, version: int,
+                  chunk_tokens: int | None) -> list[Turn | None]:
+        """The next tokens of every live episode's turn, in one engine call: per episode its Turn once the
+        turn has ended (closed by the model or cut at its budget), None while it goes on."""
+        rooms = [self._turn_room(e) for e in live]
+        budget = max(rooms) if chunk_tokens is None else min(chunk_tokens, max(rooms))
         rollout = self.engine.generate([e.prompt + e.ids for e in live],
                                        SamplingParams(n=1, temperature=params.temperature, top_p=params.top_p,
-                                                      max_new_tokens=min(room, self.max_turn_tokens or room)))
-        turns = []
-        for row, episode in enumerate(live):
+                                                      max_new_tokens=budget))
+        turns: list[Turn | None] = []
+        for row, (episode, room) in enumerate(zip(live, rooms)):
             length = int(rollout.response_mask[row].sum())
-            ids = rollout.response_ids[row, :length].tolist()
-            logprobs = rollout.logprobs[row, :length].tolist()
-            room = self.max_tokens - len(episode.ids)
-            ended = not bool(rollout.truncated[row]) and length <= room  # the model closed its turn itself
-            ids, logprobs = ids[:room], logprobs[:room]
+            ids = rollout.response_ids[row, :length].tolist()[:room]
             episode.ids += ids
             episode.sampled += [1] * len(ids)
-            episode.logprobs += logprobs
-            episode.turns += 1
-            raw = self.tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=False)
-            text = self.tokenizer.decode(ids, skip_special_tokens=True)
-            episode.final_text = text
-            episode.transcript.append(self.tokenizer.decode(ids, skip_special_tokens=False))
-            if not ended:
-                episode.cut = "tokens"  # out of room for this turn (or the turn's own max_new_tokens)
-                turns.append(Turn(text, index=episode.turns - 1))
+            episode.logprobs += rollout.logprobs[row, :length].tolist()[:room]
+            episode.versions += [version] * len(ids)
+            closed = not bool(rollout.truncated[row]) and length <= room  # the model closed its turn itself
+            if not closed and len(ids) < room:  # stopped by the chunk: the turn goes on in the next pass
+                turns.append(None)
                 continue
-            calls, errors = self.parse(raw, self.tools)
-            episode.tool_calls += len(calls)
-            episode.tool_errors += len(errors)
-            turns.append(Turn(text, calls, errors, index=episode.turns - 1))
+            turns.append(self._end_turn(episode, closed))
         return turns
 
-    def _observe(self, episode: _Episode, turn: Turn, results) -> None:
+    def _end_turn(self, episode: Episode, closed: bool) -> Turn:
+        """The turn that ends here, whole: its text and, when the model closed it, its parsed tool calls."""
+        ids = episode.ids[episode.turn_start:]
+        episode.turns += 1
+        raw = self.tokenizer.decode(ids[:-1] if closed else ids, skip_special_tokens=False)
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        episode.final_text = text
+        episode.transcript.append(self.tokenizer.decode(ids, skip_special_tokens=False))
+        if not closed:
+            episode.cut = "tokens"  # out of room for this turn (max_tokens or max_turn_tokens)
+            return Turn(text, index=episode.turns - 1)
+        calls, errors = self.parse(raw, self.tools)
+        episode.tool_calls += len(calls)
+        episode.tool_errors += len(errors)
+        return Turn(text, calls, errors, index=episode.turns - 1)
+
+    def _observe(self, episode: Episode, turn: Turn, results, version: int) -> None:
         if episode.cut is not None:  # cut while generating: no observation
             return
         episode.tool_errors += sum(r.error for r in results)
@@ -136,16 +171,21 @@ class EpisodeRunner:
         episode.ids += ids
         episode.sampled += [0] * len(ids)
         episode.logprobs += [0.0] * len(ids)
+        episode.versions += [version] * len(ids)
+        episode.turn_start = len(episode.ids)
         episode.transcript.append(self.tokenizer.decode(ids, skip_special_tokens=False))
 
-    def _assemble(self, episodes: list[_Episode], tool_seconds: float) -> Episodes:
+    def assemble(self, episodes: list[Episode], tool_seconds: float, versions: bool = False) -> Episodes:
+        """The finished episodes as one rollout (with each id's weights version when `versions`), their final
+        texts and stats."""
         prompt_ids, prompt_mask = left_pad([e.prompt for e in episodes], self.pad_id)
         response_ids, response_mask = right_pad([e.ids for e in episodes], self.pad_id, torch.long)
         sampled, _ = right_pad([e.sampled for e in episodes], 0, torch.long)
         logprobs, _ = right_pad([e.logprobs for e in episodes], 0.0, torch.float32)
         rollout = Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
                           response_mask=response_mask, logprobs=logprobs,
-                          truncated=torch.tensor([e.cut != "done" for e in episodes]), sampled_mask=sampled)
+                          truncated=torch.tensor([e.cut != "done" for e in episodes]), sampled_mask=sampled,
+                          versions=right_pad([e.versions for e in episodes], 0, torch.long)[0] if versions else None)
         long = lambda values: torch.tensor(values, dtype=torch.long)  # noqa: E731
         stats = EpisodeStats(
             turns=long([e.turns for e in episodes]), tool_calls=long([e.tool_calls for e in episodes]),

@@ -64,7 +64,8 @@ class Collector:
         self.max_staleness, self.sync_point = max_staleness, sync_point  # sync_point(step): a checkpoint follows
         # chunk_tokens: partial rollouts. Their carried tokens are a version older than the step's new ones, so
         # new tokens come from weights at most k - 1 versions behind: the producer runs k - 1 batches ahead.
-        self.partial = None if chunk_tokens is None else PartialRollouts(engine, encode, sampling, chunk_tokens, pad_id)
+        self.partial = None if chunk_tokens is None else PartialRollouts(engine, encode, sampling, chunk_tokens, pad_id,
+                                                                         episodes=episodes)
         self.ahead = max_staleness - 1 if self.partial is not None else max_staleness
         self._producer = ThreadPoolExecutor(1, thread_name_prefix="rlft-collect-ahead") if self.ahead else None
         self._queue: deque[Future] = deque()  # batches collected or being collected ahead, oldest first
@@ -213,6 +214,7 @@ class Collector:
         kept: list[ScoredGroups] = []
         kept_groups = dropped = errors = 0
         generate_seconds = reward_seconds = 0.0
+        generated: list[torch.Tensor] = []  # every response's task reward, kept or not
         for rounds in range(1, self.rounds + 1):
             problems = self.sampler.next(self.prompts_per_step)
             t = time.perf_counter()
@@ -222,6 +224,7 @@ class Collector:
             t = time.perf_counter()
             scores, rewards = self._score(problems, completions, rollout, episodes)
             errors += scores.errors
+            generated.append(scores.total)
             reward_seconds += time.perf_counter() - t
 
             keep = torch.ones(len(problems), dtype=torch.bool)
@@ -249,7 +252,7 @@ class Collector:
         return ScoredGroups(problems=problems, rollout=rollout, scores=scores,
                             rewards=torch.cat([part.rewards for part in kept])[:n], episodes=episodes, rounds=rounds,
                             dropped_groups=dropped, generate_seconds=generate_seconds, reward_seconds=reward_seconds,
-                            weights_version=weights_version)
+                            weights_version=weights_version, generated_reward_mean=torch.cat(generated).mean().item())
 
     def _collect_partial(self, step: int, weights_version: int) -> ScoredGroups:
         """Step `step`'s batch from the pool of partial rollouts (drained when a checkpoint follows the step).
@@ -259,6 +262,7 @@ class Collector:
         kept: list[ScoredGroups] = []
         kept_groups = dropped = stale = carried = passes = errors = 0
         generate_seconds = reward_seconds = 0.0
+        generated: list[torch.Tensor] = []  # every finished response's task reward, kept or not
         for rounds in range(1, self.rounds + 1):
             t = time.perf_counter()
             part = self.partial.collect(self.sampler, self.prompts_per_step - kept_groups, step, weights_version,
@@ -267,9 +271,11 @@ class Collector:
             stale, passes = stale + part.stale_dropped, passes + part.passes
             t = time.perf_counter()
             rollout = part.rollout
-            scores, rewards = self._score(part.problems, self.decode(rollout.response_ids), rollout, None)
+            completions = part.completions if part.completions is not None else self.decode(rollout.response_ids)
+            scores, rewards = self._score(part.problems, completions, rollout, part.episodes)
             reward_seconds += time.perf_counter() - t
             errors += scores.errors
+            generated.append(scores.total)
             keep = torch.ones(len(part.problems), dtype=torch.bool)
             if self.dynamic_sampling:
                 keep = mixed_groups(scores.total, self.sampling.n)
@@ -277,7 +283,8 @@ class Collector:
             carried += sum(c for c, k in zip(part.carried, keep) if k)
             rows = keep.repeat_interleave(self.sampling.n)
             kept.append(ScoredGroups([p for p, k in zip(part.problems, keep) if k], rollout.select(rows),
-                                     _select(scores, rows), rewards[rows]))
+                                     _select(scores, rows), rewards[rows],
+                                     episodes=None if part.episodes is None else part.episodes.select(rows)))
             kept_groups += int(keep.sum())
             if kept_groups >= self.prompts_per_step:
                 break
@@ -287,11 +294,16 @@ class Collector:
                         correct=torch.cat([part.scores.correct for part in kept]),
                         parts={k: torch.cat([part.scores.parts[k] for part in kept]) for k in kept[0].scores.parts},
                         errors=errors)
+        episodes = None
+        if self.episodes is not None:
+            episodes = EpisodeStats.concat([part.episodes for part in kept])
         return ScoredGroups(problems=[p for part in kept for p in part.problems], rollout=rollout, scores=scores,
-                            rewards=torch.cat([part.rewards for part in kept]), rounds=rounds, dropped_groups=dropped,
+                            rewards=torch.cat([part.rewards for part in kept]), episodes=episodes, rounds=rounds,
+                            dropped_groups=dropped,
                             generate_seconds=generate_seconds, reward_seconds=reward_seconds,
                             weights_version=int(rollout.versions[sampled].min()) if sampled.any() else weights_version,
-                            stale_dropped=stale, carried_groups=carried, passes=passes)
+                            stale_dropped=stale, carried_groups=carried, passes=passes,
+                            generated_reward_mean=torch.cat(generated).mean().item())
 
     def _score(self, problems: list[Problem], completions: list[str], rollout: Rollout,
                episodes: EpisodeStats | None) -> tuple[Scores, torch.Tensor]:

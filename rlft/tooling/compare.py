@@ -1,7 +1,9 @@
 """`rlft compare DIR...`: one figure and one table for several runs (a multirun sweep, or run dirs).
 
-Runs with the same label (the algorithm, unless every run has the same one: then the run's name without
-its seed) are one line: the mean over their seeds, with a band from the lowest to the highest.
+Runs with the same label are one line: the mean over their seeds, with a band from the lowest to the
+highest. The label: for runs named by their overrides (a Hydra multirun's `N_key=value,...`), the algorithm
+and the overrides that differ between the runs, seeds aside; otherwise the algorithm, unless every run has the same one: then
+the run's name without its seed.
 """
 
 from __future__ import annotations
@@ -16,10 +18,27 @@ from rlft.config.compose import saved_options
 from rlft.errors import UserError
 from rlft.tooling.metrics import PANELS
 from rlft.tooling.monitor import read_metrics
-from rlft.tooling.sweep import format_table, run_dirs_under, summarize_run
+from rlft.tooling.sweep import format_table, run_dirs_under, run_label, summarize_run
+
+
+def override_labels(run_dirs: list[Path]) -> list[str] | None:
+    """Runs named by their overrides, as Hydra's multirun names them (`N_key=value,...`): the algorithm (and
+    preset), then the overrides that differ between the runs (algo, experiment and seed aside), so that a sweep
+    over algo x anything keeps its lines apart and folds only the seeds. None when some run is named otherwise."""
+    names = [re.sub(r"^\d+_", "", d.name) for d in run_dirs]
+    if not all("=" in name for name in names):
+        return None
+    parts = [[part for part in name.split(",") if part.split("=")[0] not in ("algo", "experiment", "seed")]
+             for name in names]
+    shared = set.intersection(*map(set, parts))  # the same in every run: says nothing about a line
+    return [" ".join([run_label(saved_options(run_dir / "config.yaml")), *(p for p in own if p not in shared)])
+            for run_dir, own in zip(run_dirs, parts)]
 
 
 def run_labels(run_dirs: list[Path]) -> list[str]:
+    labels = override_labels(run_dirs)
+    if labels is not None:
+        return labels
     algos = [saved_options(d / "config.yaml").get("algo", "?") for d in run_dirs]
     if len(set(algos)) > 1:
         return algos
@@ -71,4 +90,7 @@ def compare(paths: list[Path], out: Path | None = None) -> tuple[Path, str]:
         out = (paths[0] if len(paths) == 1 and paths[0] not in run_dirs else Path(".")) / "comparison.png"
     fig = plot_comparison(run_dirs)
     fig.savefig(out, dpi=110)
-    return out, format_table([summarize_run(d) for d in run_dirs])
+    summaries = [summarize_run(d) for d in run_dirs]
+    for summary, label in zip(summaries, override_labels(run_dirs) or []):
+        summary["algo"] = label  # the table's rows and means as the figure's lines
+    return out, format_table(summaries)
