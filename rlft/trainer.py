@@ -119,8 +119,8 @@ class Loop:
         self.nonfinite_streak = 0       # steps in a row whose update was not applied (not finite)
         t = cfg.trainer
         self.collapse = CollapseWatch(COLLAPSE_WINDOW, t.collapse_drop)
-        if self.start_step:  # the watch's state is its logged rewards: a resumed run fires where a straight one does
-            self.collapse.replay(read_metrics(run_dir / "metrics.jsonl"))
+        if self.start_step and (run_dir / "metrics.jsonl").is_file():  # the watch's state is its logged rewards:
+            self.collapse.replay(read_metrics(run_dir / "metrics.jsonl"))  # a resumed run fires where a straight one does
         self.collapsed_at: int | None = None  # the step trainer.stop_on_collapse stopped the run at
 
     def step(self, step: int) -> bool:
@@ -223,8 +223,9 @@ class Loop:
                 f"(trainer.collapse_drop={t.collapse_drop})")
         if stop:
             kept = self.saved[-1]
-            where = f"the checkpoint of step {kept} is kept" if kept else "no checkpoint was written"
-            self.monitor.warn(f"{what}; stopping (trainer.stop_on_collapse=true): {where}, no final model")
+            where = (f"the checkpoint of step {kept}, the last before the rule fired, is kept (the reward may have "
+                     f"begun falling before it)" if kept else "no checkpoint was written")
+            self.monitor.warn(f"{what}; stopping (trainer.stop_on_collapse=true): {where}; no final model")
         else:
             self.monitor.warn(f"{what}; going on (trainer.stop_on_collapse=true stops here)")
 

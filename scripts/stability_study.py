@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import shutil
 import statistics
@@ -37,6 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from rlft.tooling.metrics import PANELS  # noqa: E402
+from rlft.tooling.monitor import read_metrics  # noqa: E402
 BASE = ["trainer.steps=40", "trainer.prompts_per_step=32", "algo.group_size=8", "algo.ppo_epochs=8",
         "compute.micro_batch_size=64", "optim.lr=1e-3", "trainer.eval_every=10", "trainer.save_every=1000",
         "logger.console=false"]
@@ -93,7 +95,7 @@ def overrides(run: dict) -> list[str]:
 def summarize(run: dict, run_dir: Path) -> dict:
     """The run's numbers for the tables, and what `restore` needs to draw it again: its options line and the
     per-step values of `rlft compare`'s panels."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.endswith("}")]
+    rows = read_metrics(run_dir / "metrics.jsonl")  # non-finite values come back as floats
     evals = [r for r in rows if r.get("kind") == "eval"]
     steps = [r for r in rows if r.get("kind") != "eval" and "train/loss" in r]
     fired = [r["step"] for r in rows if r.get("collapse/fired")]
@@ -103,15 +105,19 @@ def summarize(run: dict, run_dir: Path) -> dict:
                  "seconds": sum(r.get("perf/step_seconds", 0.0) for r in rows)}
     out["collapsed"] = out["fired_at"] is not None and out["end"] < out["start"]
     out["options"] = (run_dir / "config.yaml").read_text().split("\n", 1)[0]
-    out["rows"] = [{key: r[key] for key in ("step", "kind", *CURVES) if key in r} for r in rows]
+    out["rows"] = [{key: r[key] for key in ("step", "kind", *CURVES) if key in r and _finite(r[key])} for r in rows]
     # each indicator's mean over the first 5 steps and over the 5 steps before the rule fired (or the last 5)
     before = [r for r in steps if r["step"] < (out["fired_at"] or 10 ** 9)][-5:]
     for metric, _ in INDICATORS:
-        early = [r[metric] for r in steps[:5] if r.get(metric) is not None]
-        late = [r[metric] for r in before if r.get(metric) is not None]
+        early = [r[metric] for r in steps[:5] if r.get(metric) is not None and math.isfinite(r[metric])]
+        late = [r[metric] for r in before if r.get(metric) is not None and math.isfinite(r[metric])]
         out[f"early:{metric}"] = statistics.mean(early) if early else None
         out[f"before:{metric}"] = statistics.mean(late) if late else None
     return out
+
+
+def _finite(value) -> bool:
+    return not isinstance(value, float) or math.isfinite(value)
 
 
 def restore(results: list[dict], out: Path) -> None:

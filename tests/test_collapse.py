@@ -37,8 +37,9 @@ def test_a_run_that_never_learned_has_nothing_to_lose_and_a_steady_one_never_fir
 def test_a_step_without_a_reward_leaves_the_state_alone_and_logs_no_nan():
     watch = CollapseWatch(2, 0.5)
     watch.observe(0.6)
-    skipped = watch.observe(float("nan"))
-    assert skipped.row() == {"collapse/reward_drop": 0.0, "collapse/fired": 0}
+    for bad in (float("nan"), float("inf")):
+        skipped = watch.observe(bad)
+        assert skipped.row() == {"collapse/reward_drop": 0.0, "collapse/fired": 0}
     assert watch.observe(0.6).window_mean == pytest.approx(0.6)  # the NaN never entered the window
     assert set(readings([0.1])[0].row()) == {"collapse/task_reward", "collapse/reward_drop", "collapse/fired"}
 

@@ -157,6 +157,34 @@ def test_budgets_cut_episodes_by_turns_and_tokens():
     assert episodes.stats.cut == ["tokens"] and episodes.rollout.response_mask.sum().item() == 5
 
 
+class ContextLimitedEngine(ScriptedEngine):
+    """Stops every answer after 3 tokens, reporting it truncated, as vLLM does at its max_model_len: short of
+    the turn's budget and of any chunk."""
+
+    def generate(self, prompts, params):
+        out = super().generate(prompts, SamplingParams(n=1, max_new_tokens=min(3, params.max_new_tokens)))
+        return Rollout(out.prompt_ids, out.prompt_mask, out.response_ids, out.response_mask, out.logprobs,
+                       torch.ones(len(prompts), dtype=torch.bool))
+
+
+@pytest.mark.parametrize("chunk", [None, 8])
+def test_an_engine_that_stops_short_cuts_the_turn_instead_of_asking_again(chunk):
+    tokenizer = char_tokenizer()
+    setup = EpisodeSetup(Config, tokenizer)
+    engine = ContextLimitedEngine(tokenizer, calculator_script)
+    runner = setup.runner(engine)
+    try:
+        episodes = runner.start(PROBLEMS[0], 1)
+        calls = 0
+        while not episodes[0].done and calls < 10:
+            runner.advance(episodes, SamplingParams(n=1, max_new_tokens=24), chunk_tokens=chunk)
+            calls += 1
+    finally:
+        runner.runner.close()
+    # neither the turn's budget nor a chunk of 8 was used up: the engine's own limit, so the turn is cut there
+    assert episodes[0].cut == "tokens" and calls == 1 and len(episodes[0].ids) == 3
+
+
 class Slow(ToolEnv):
     pass
 

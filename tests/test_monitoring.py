@@ -124,3 +124,8 @@ def test_compare_labels_runs_named_by_overrides_by_what_differs_and_folds_seeds(
         runs.append(run)
     assert run_labels(runs) == ["grpo algo.kl_coef=0", "grpo algo.kl_coef=0", "grpo algo.kl_coef=0.04",
                                 "gspo algo.kl_coef=0"]
+    # a name's own algo (a variant composed from a preset, like GSPO-token from algo=gspo) keeps its line
+    variant = tmp_path / "algo=gspo_token,algo.kl_coef=0,trainer.steps=5,seed=0"
+    variant.mkdir()
+    (variant / "config.yaml").write_text("# options: algo=gspo model=tiny_adder\nseed: 0\n")
+    assert run_labels([runs[3], variant]) == ["gspo", "gspo_token"]

@@ -327,3 +327,21 @@ def test_partial_rollouts_keep_the_routes_of_each_sequences_latest_pass():
     same = (r.routes.long().sort(-1).values == full.sort(-1).values).all(-1).all(-1)
     assert r.routes.shape[:2] == ids.shape and same[scored.bool()].all()
     assert (r.routes[~scored.bool()] == 0).all()  # padding and each last token: expert 0
+
+
+def test_a_response_the_engine_stops_short_is_finished_not_asked_again():
+    """An engine stopping every request after 1 token of a 3-token chunk, truncated (vLLM at its context
+    limit): each response is finished, cut, in the first pass, instead of being sent back forever."""
+    class Short(ChunkEngine):
+        def generate(self, prompts, params):
+            out = super().generate(prompts, SamplingParams(n=1, max_new_tokens=1))
+            return Rollout(out.prompt_ids, out.prompt_mask, out.response_ids, out.response_mask, out.logprobs,
+                           torch.ones(len(prompts), dtype=torch.bool))
+
+    c = collector(Short(0), 1, 3, lambda step: False)
+    try:
+        groups = c.collect(1)
+    finally:
+        c.close()
+    assert groups.passes == 1 and groups.rollout.truncated.all()
+    assert groups.rollout.response_mask.sum(-1).tolist() == [1] * groups.rollout.size

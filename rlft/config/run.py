@@ -52,7 +52,7 @@ class TrainerConfig:
     stop_on_collapse: bool = False
     """Stop the run when the collapse rule fires: the task reward's mean over 5 steps has fallen
     collapse_drop below its best so far (docs/stability.md). false: a warning, and the run goes on. A
-    stopped run keeps its last checkpoint from before the collapse and writes no final model."""
+    stopped run writes no checkpoint of that step and no final model: its last checkpoint stays."""
     collapse_drop: float = 0.5
     """The collapse rule's drop from the best 5-step mean of the task reward, in (0, 1]: 0.5 = below half."""
 

@@ -125,7 +125,9 @@ class EpisodeRunner:
             episode.logprobs += rollout.logprobs[row, :length].tolist()[:room]
             episode.versions += [version] * len(ids)
             closed = not bool(rollout.truncated[row]) and length <= room  # the model closed its turn itself
-            if not closed and len(ids) < room:  # stopped by the chunk: the turn goes on in the next pass
+            # stopped by the chunk with room left: the turn goes on in the next pass. Anything else that stops
+            # a turn short (the engine's own context limit) cuts it, as the whole turn's budget does.
+            if not closed and chunk_tokens is not None and length >= budget and len(ids) < room:
                 turns.append(None)
                 continue
             turns.append(self._end_turn(episode, closed))

@@ -142,7 +142,7 @@ class PartialRollouts:
             seq.versions += [version] * n
             if not out.truncated[row] and lengths[row] <= room:  # ended by EOS within its budget
                 seq.done = True
-            elif len(seq.response) >= limit:
+            elif len(seq.response) >= limit or lengths[row] < budget:  # out of room, or cut short by the engine
                 seq.done = seq.truncated = True
 
     def _assemble(self, groups: list[_Group]) -> tuple[Rollout, list[str] | None, EpisodeStats | None]:

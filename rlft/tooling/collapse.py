@@ -36,7 +36,7 @@ class CollapseReading:
     def row(self) -> dict:
         """The step's collapse/ metrics (the window's only once it is full: no NaN in the logs)."""
         row = {"collapse/reward_drop": self.drop, "collapse/fired": int(self.fired)}
-        if not math.isnan(self.task_reward):
+        if math.isfinite(self.task_reward):
             row[TASK_REWARD] = self.task_reward
         if not math.isnan(self.window_mean):
             row |= {"collapse/reward_window": self.window_mean, "collapse/reward_best_window": self.best_window}
@@ -51,8 +51,9 @@ class CollapseWatch:
         self.fired = False
 
     def observe(self, task_reward: float) -> CollapseReading:
-        """The reading after this step's mean task reward (a step without one, NaN, leaves the state as it is)."""
-        if math.isnan(task_reward):
+        """The reading after this step's mean task reward (a step without a finite one leaves the state as it
+        is)."""
+        if not math.isfinite(task_reward):
             return CollapseReading(task_reward, math.nan, math.nan, 0.0, False)
         self.recent.append(task_reward)
         if len(self.recent) < self.window:

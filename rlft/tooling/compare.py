@@ -31,8 +31,14 @@ def override_labels(run_dirs: list[Path]) -> list[str] | None:
     parts = [[part for part in name.split(",") if part.split("=")[0] not in ("algo", "experiment", "seed")]
              for name in names]
     shared = set.intersection(*map(set, parts))  # the same in every run: says nothing about a line
-    return [" ".join([run_label(saved_options(run_dir / "config.yaml")), *(p for p in own if p not in shared)])
-            for run_dir, own in zip(run_dirs, parts)]
+    labels = []
+    for run_dir, name, own in zip(run_dirs, names, parts):
+        options = saved_options(run_dir / "config.yaml")
+        named = [part.split("=", 1)[1] for part in name.split(",") if part.startswith("algo=")]
+        if named:  # the name's own algorithm (a variant of a preset, say), not only the preset it composed
+            options = options | {"algo": named[0]}
+        labels.append(" ".join([run_label(options), *(p for p in own if p not in shared)]))
+    return labels
 
 
 def run_labels(run_dirs: list[Path]) -> list[str]:
