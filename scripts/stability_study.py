@@ -16,9 +16,9 @@ The axes, around that base:
   core      model (tiny_moe, tiny_adder) x algorithm (grpo, dapo, gspo, gspo_token, cispo) x KL (0, 0.04)
   replay    tiny_moe x (grpo, gspo) x routing replay (R2 = learner, R3 = rollout) x KL (0, 0.04)
   pressure  tiny_moe x (grpo, gspo) x KL 0 x (ppo_epochs 1, ppo_epochs 4, lr 3e-4, staleness k = 2 with TIS)
-A run counts as collapsed when rlft's collapse rule (trainer.stop_on_collapse's, logged every step as
-collapse/fired; the run is not stopped) fired at some step, and its held-out accuracy at the end is below
-its start.
+A run counts as collapsed when its held-out accuracy at the end is at most half its best evaluation; rlft's
+collapse rule (trainer.stop_on_collapse's, on the train reward, logged every step as collapse/fired; the runs
+are not stopped) is scored against that.
 """
 
 from __future__ import annotations
@@ -103,7 +103,6 @@ def summarize(run: dict, run_dir: Path) -> dict:
     out = run | {"name": run_name(run), "accuracy": accuracy, "start": accuracy[0][1], "end": accuracy[-1][1],
                  "best": max(a for _, a in accuracy), "fired_at": fired[0] if fired else None,
                  "seconds": sum(r.get("perf/step_seconds", 0.0) for r in rows)}
-    out["collapsed"] = out["fired_at"] is not None and out["end"] < out["start"]
     out["options"] = (run_dir / "config.yaml").read_text().split("\n", 1)[0]
     out["rows"] = [{key: r[key] for key in ("step", "kind", *CURVES) if key in r and _finite(r[key])} for r in rows]
     # each indicator's mean over the first 5 steps and over the 5 steps before the rule fired (or the last 5)
@@ -163,12 +162,25 @@ def run_all(runs: list[dict], out: Path, cores: list[int]) -> None:
         sys.exit("\n".join(failed))
 
 
+def collapsed(result: dict) -> bool:
+    """Held-out accuracy at the end at most half its best (a run that learned, then lost it)."""
+    return result["end"] <= 0.5 * result["best"]
+
+
 def _mean(values) -> str:
     values = [v for v in values if v is not None]
     if not values:
         return "-"
     spread = f" ± {statistics.stdev(values):.2f}" if len(values) > 1 else ""
     return f"{statistics.mean(values):.2f}{spread}"
+
+
+def _median(values) -> str:
+    """Median [lowest, highest] over runs: one run's gradient spike does not move it."""
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return "-"
+    return f"{statistics.median(values):.3g} [{values[0]:.3g}, {values[-1]:.3g}]"
 
 
 def tables(results: list[dict]) -> str:
@@ -189,31 +201,52 @@ def tables(results: list[dict]) -> str:
             model, algo, kl, replay, pressure = config
             out.append(f"| {model} | {algo} | {kl:g} | {replay} | {pressure} | {len(rs)} | "
                        f"{_mean(r['start'] for r in rs)} | {_mean(at10)} | {_mean(r['end'] for r in rs)} | "
-                       f"{_mean(r['best'] for r in rs)} | {sum(r['collapsed'] for r in rs)}/{len(rs)} | "
+                       f"{_mean(r['best'] for r in rs)} | {sum(map(collapsed, rs))}/{len(rs)} | "
                        f"{', '.join(map(str, fired)) or '-'} | {_mean(r['early:train/clip_frac'] for r in rs)} |")
         out.append("")
     return "\n".join(out)
 
 
 def indicator_table(results: list[dict]) -> str:
-    """What precedes a collapse: each indicator over the first 5 steps and the 5 before the rule fired, in
-    runs that collapsed and runs that did not (their last 5 steps), with MoE and dense apart."""
-    lines = ["| model | indicator | collapsed: steps 1-5 | not: steps 1-5 | collapsed: 5 steps before firing | "
-             "not: last 5 steps |", "|---|---|---:|---:|---:|---:|"]
+    """What precedes a collapse: each indicator's per-run mean over the first 5 steps and the 5 before the rule
+    fired (runs where it never fired: the last 5), the median over runs that collapsed and runs that did not,
+    MoE and dense apart."""
+    lines = ["| model | indicator | collapsed: steps 1-5 | not: steps 1-5 | collapsed: 5 steps before the rule fired | "
+             "not: 5 steps before firing, or the last 5 |", "|---|---|---:|---:|---:|---:|"]
     for model in ("moe", "dense"):
         rs = [r for r in results if r["model"] == model]
         if not rs:
             continue
-        collapsed, held = [r for r in rs if r["collapsed"]], [r for r in rs if not r["collapsed"]]
-        lines.append(f"| {model} ({len(collapsed)} collapsed of {len(rs)}) | | | | | |")
+        fell, held = [r for r in rs if collapsed(r)], [r for r in rs if not collapsed(r)]
+        lines.append(f"| {model} ({len(fell)} collapsed of {len(rs)}) | | | | | |")
         for metric, label in INDICATORS:
             if all(r.get(f"early:{metric}") is None for r in rs):
                 continue
-            lines.append(f"| {model} | {label} | {_mean(r[f'early:{metric}'] for r in collapsed)} | "
-                         f"{_mean(r[f'early:{metric}'] for r in held)} | "
-                         f"{_mean(r[f'before:{metric}'] for r in collapsed)} | "
-                         f"{_mean(r[f'before:{metric}'] for r in held)} |")
+            lines.append(f"| {model} | {label} | {_median(r[f'early:{metric}'] for r in fell)} | "
+                         f"{_median(r[f'early:{metric}'] for r in held)} | "
+                         f"{_median(r[f'before:{metric}'] for r in fell)} | "
+                         f"{_median(r[f'before:{metric}'] for r in held)} |")
     return "\n".join(lines)
+
+
+def rule_table(results: list[dict]) -> str:
+    """The collapse rule (train reward) against the held-out verdict: hits, misses, false alarms, and how the
+    rule's first firing compares with the first evaluation at most half the best."""
+    hits = [r for r in results if collapsed(r) and r["fired_at"] is not None]
+    misses = [r for r in results if collapsed(r) and r["fired_at"] is None]
+    alarms = [r for r in results if not collapsed(r) and r["fired_at"] is not None]
+    leads = []
+    for r in hits:
+        best = max(a for _, a in r["accuracy"])
+        peak = next(step for step, a in r["accuracy"] if a == best)
+        shown = next((step for step, a in r["accuracy"] if step > peak and a <= 0.5 * best), None)
+        if shown is not None:
+            leads.append(shown - r["fired_at"])
+    lead = f"{statistics.mean(leads):+.1f}" if leads else "-"
+    return ("| runs | collapsed (held-out) | rule fired on them | missed | fired on a run that held | "
+            "steps from the rule's firing to the held-out evaluation that showed the collapse (mean) |\n"
+            "|---:|---:|---:|---:|---:|---:|\n"
+            f"| {len(results)} | {len(hits) + len(misses)} | {len(hits)} | {len(misses)} | {len(alarms)} | {lead} |")
 
 
 def figures(results: list[dict], out: Path, into: Path) -> list[Path]:
@@ -266,6 +299,8 @@ def main() -> None:
     print(tables(results))
     print("### what precedes a collapse\n")
     print(indicator_table(results))
+    print("\n### the collapse rule against the held-out verdict\n")
+    print(rule_table(results))
     for png in figures(results, out, args.figures or out):
         print(f"figure: {png}")
 
