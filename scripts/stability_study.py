@@ -4,14 +4,14 @@ One `rlft train` process per run, each pinned to a core of its own (taskset), as
 has cores. Results are JSONL (resumable: a finished run is not run again), then a markdown table per axis and
 figures drawn by `rlft compare`.
 
-    .venv/bin/python scripts/stability_study.py                  # the small grid (about 20 minutes on 2 cores)
-    .venv/bin/python scripts/stability_study.py --grid full      # the full grid, 3 seeds (under 3 hours)
+    .venv/bin/python scripts/stability_study.py                  # the small grid (about 10 minutes on 2 cores)
+    .venv/bin/python scripts/stability_study.py --grid full      # the full grid, 3 seeds (about 1 h 45 min)
     .venv/bin/python scripts/stability_study.py --grid full --report-only --figures docs/
     .venv/bin/python scripts/stability_study.py --grid full --results docs/stability_results.jsonl --report-only
                                              # the tables and figures of docs/stability.md from its data alone
 
-The regime: 40 steps of 32 prompts x 8 responses on the built-in addition task, 8 PPO epochs over micro-batches
-of 64 (8 optimizer steps per batch: far off-policy by the last), lr 1e-3; a held-out evaluation every 10 steps.
+The regime: 40 steps of 32 prompts x 8 responses on the built-in addition task, 8 PPO epochs (8 optimizer steps
+per batch: far off-policy by the last; micro-batches of 64), lr 1e-3; a held-out evaluation every 10 steps.
 The axes, around that base:
   core      model (tiny_moe, tiny_adder) x algorithm (grpo, dapo, gspo, gspo_token, cispo) x KL (0, 0.04)
   replay    tiny_moe x (grpo, gspo) x routing replay (R2 = learner, R3 = rollout) x KL (0, 0.04)
@@ -243,10 +243,17 @@ def rule_table(results: list[dict]) -> str:
         if shown is not None:
             leads.append(shown - r["fired_at"])
     lead = f"{statistics.mean(leads):+.1f}" if leads else "-"
+    fell = [r for r in results if collapsed(r)]
+    held = [r for r in results if not collapsed(r)]
+    early = "; ".join(
+        f"early old-new KL (steps 1-5) above {limit}: {sum((r['early:train/approx_kl'] or 0) > limit for r in fell)}"
+        f"/{len(fell)} collapsed runs, {sum((r['early:train/approx_kl'] or 0) > limit for r in held)}/{len(held)} "
+        "that held" for limit in (0.1, 0.15, 0.2))
     return ("| runs | collapsed (held-out) | rule fired on them | missed | fired on a run that held | "
             "steps from the rule's firing to the held-out evaluation that showed the collapse (mean) |\n"
             "|---:|---:|---:|---:|---:|---:|\n"
-            f"| {len(results)} | {len(hits) + len(misses)} | {len(hits)} | {len(misses)} | {len(alarms)} | {lead} |")
+            f"| {len(results)} | {len(hits) + len(misses)} | {len(hits)} | {len(misses)} | {len(alarms)} | {lead} |"
+            f"\n\nA leading signal, for comparison: {early}.")
 
 
 def figures(results: list[dict], out: Path, into: Path) -> list[Path]:

@@ -44,6 +44,14 @@ def test_a_step_without_a_reward_leaves_the_state_alone_and_logs_no_nan():
     assert set(readings([0.1])[0].row()) == {"collapse/task_reward", "collapse/reward_drop", "collapse/fired"}
 
 
+def test_the_early_warning_reads_the_first_five_updates_mean_old_new_kl():
+    from rlft.tooling.collapse import early_kl_warning
+    assert early_kl_warning([0.3, 0.25, 0.2, 0.15, 0.15]) is not None  # mean 0.21
+    assert "averages 0.210" in early_kl_warning([0.3, 0.25, 0.2, 0.15, 0.15])
+    assert early_kl_warning([0.2] * 5) is None and early_kl_warning([0.5] * 4) is None
+    assert early_kl_warning([float("nan")] * 5) is None
+
+
 def test_the_state_is_rebuilt_from_the_logged_rows():
     rewards = [0.2, 0.5, 0.7, 0.7, 0.3, 0.1]
     straight = CollapseWatch(3, 0.4)
@@ -59,6 +67,7 @@ COLLAPSING = ["model=tiny_moe", "algo.kl_coef=0", "trainer.steps=40", "trainer.p
               "trainer.save_every=5", "logger.console=true"]
 
 
+@pytest.mark.slow
 def test_the_rule_stops_a_run_made_to_collapse_and_keeps_its_last_checkpoint(rlft, tmp_path):
     """GRPO without a KL term, 8 epochs at lr 1e-3 on the MoE model: the held-out accuracy rises, then the
     task reward falls to near zero. The rule fires on the way down, the run stops there with one warning, and
@@ -73,11 +82,14 @@ def test_the_rule_stops_a_run_made_to_collapse_and_keeps_its_last_checkpoint(rlf
     assert last["collapse/reward_drop"] >= 0.5 and last["collapse/reward_window"] < 0.5 * last["collapse/reward_best_window"]
     assert [r["step"] for r in rows if r.get("kind") == "eval"][-1] == fired[0]  # the collapsed policy, evaluated
     assert proc.stderr.count("collapse:") == 1 and "stopping (trainer.stop_on_collapse=true)" in proc.stderr
+    early = [r["train/approx_kl"] for r in steps[:5]]
+    assert sum(early) / 5 > 0.2 and "step 5: the old-new KL (train/approx_kl) of the first 5 updates" in proc.stderr
     kept = sorted(int(p.name.split("_")[-1]) for p in (run / "checkpoints").glob("step_*"))
     assert kept and kept[-1] < fired[0] and not (run / "final_model").exists()
     assert f"stopped at step {fired[0]}: collapse" in proc.stdout
 
 
+@pytest.mark.slow
 def test_without_stop_the_rule_warns_once_and_the_run_goes_on(rlft, tmp_path):
     run = tmp_path / "run"
     proc = rlft("train", f"hydra.run.dir={run}", *COLLAPSING, "trainer.steps=16")

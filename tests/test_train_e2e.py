@@ -174,6 +174,7 @@ def test_the_default_run_learns(rlft, tmp_path):
     assert after - before >= 0.20, (before, after)
     steps = [r for r in rows if r.get("kind") != "eval"]
     assert not any(r["collapse/fired"] for r in steps) and "collapse:" not in proc.stderr
+    assert "train/approx_kl" not in proc.stderr  # nor the early warning
     assert max(r["collapse/reward_drop"] for r in steps) < 0.25
 
 

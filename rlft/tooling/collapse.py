@@ -6,11 +6,16 @@ does not come back. The watch follows the task reward of every response generate
 dynamic sampling filters groups, so a DAPO run whose groups are all wrong still counts) and fires when its
 moving mean over `window` steps has fallen `drop` (a fraction) below the best moving mean of the run so far.
 It is lagging by design: the leading signals the study compared (old-new KL, clip fraction, entropy,
-gradient norm, routing drift) also move on runs that recover, and a stop rule that fires on a run that would
-have recovered costs more than a few steps of a run that will not.
+gradient norm, routing drift) also move on runs that hold, and a stop rule that fires on a run that would
+have held costs more than a few steps of a run that will not. In the study it caught all 37 collapses of
+108 runs, on average 6 steps before the held-out evaluation showed them.
 
 The state is a pure function of the per-step rewards, which every step logs (collapse/task_reward), so a
 resumed run rebuilds it from its metrics and fires where a straight run does.
+
+One leading signal did stand out in the study, early and without a stop: a mean old-new KL (train/approx_kl)
+above 0.2 over the first 5 updates came before a collapse in 16 of the 18 runs that had it (and in 16 of the
+37 collapses). `early_kl_warning` turns it into a console warning after the 5th update.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from dataclasses import dataclass
 TASK_REWARD = "collapse/task_reward"
 COLLAPSE_WINDOW = 5  # steps in the moving mean: long enough to average out a bad batch, short enough to act
 MIN_BEST = 0.05  # a run whose moving mean never got above this had nothing to lose: it never fires
+EARLY_UPDATES, EARLY_KL = 5, 0.2  # the early warning: mean old-new KL of the first 5 updates above 0.2
 
 
 @dataclass(frozen=True)
@@ -70,3 +76,16 @@ class CollapseWatch:
         for row in rows:
             if row.get("kind") != "eval" and row.get(TASK_REWARD) is not None:
                 self.observe(row[TASK_REWARD])
+
+
+def early_kl_warning(approx_kls: list[float]) -> str | None:
+    """After the first EARLY_UPDATES updates (their old-new KL, in order): a warning when their mean is above
+    EARLY_KL, else None."""
+    if len(approx_kls) != EARLY_UPDATES:
+        return None
+    mean = sum(approx_kls) / EARLY_UPDATES
+    if not mean > EARLY_KL:
+        return None
+    return (f"the old-new KL (train/approx_kl) of the first {EARLY_UPDATES} updates averages {mean:.3f}, above "
+            f"{EARLY_KL}: in docs/stability.md's study most runs that started like this collapsed; a KL term "
+            "(algo.kl_coef), fewer algo.ppo_epochs or a lower optim.lr hold the policy closer")
