@@ -28,7 +28,6 @@ from typing import Callable
 import torch
 
 from rlft.data.sampler import PromptSampler
-from rlft.envs.episodes import Episode, EpisodeRunner
 from rlft.rollout.batching import left_pad, place_routes, right_pad
 from rlft.types import EpisodeStats, Problem, Rollout, RolloutEngine, SamplingParams
 
@@ -47,7 +46,7 @@ class _Sequence:
 @dataclass
 class _Group:
     problem: Problem
-    sequences: list[_Sequence] | list[Episode]  # [G]
+    sequences: list  # [G] _Sequence, or rlft.envs.episodes.Episode (multi-turn)
     first_collection: int        # the step whose collection started it
 
     @property
@@ -80,9 +79,10 @@ class PartialRollouts:
     """The pool of groups in flight between collections. One collection at a time (the producer's thread)."""
 
     def __init__(self, engine: RolloutEngine, encode: Callable[[str], list[int]], sampling: SamplingParams,
-                 chunk_tokens: int, pad_id: int, episodes: EpisodeRunner | None = None):
+                 chunk_tokens: int, pad_id: int, episodes=None):
         self.engine, self.encode, self.sampling, self.pad_id = engine, encode, sampling, pad_id
-        self.chunk_tokens, self.episodes = chunk_tokens, episodes
+        self.chunk_tokens = chunk_tokens
+        self.episodes = episodes  # an rlft.envs.EpisodeRunner: multi-turn episodes instead of one response each
         self.tool_seconds = 0.0  # waiting for tools, this collection
         self.in_flight: list[_Group] = []
         self.finished: list[_Group] = []  # done, beyond an earlier step's share
