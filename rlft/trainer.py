@@ -37,9 +37,9 @@ from rlft.rollout import engine_for
 from rlft.run_dir import RunLock, check_unused
 from rlft.rollout.collect import Collector, Overlong
 from rlft.tooling.allocator import reuse_freed_memory
+from rlft.tooling.collapse import COLLAPSE_WINDOW, EARLY_UPDATES, CollapseReading, CollapseWatch, early_kl_warning
 from rlft.tooling.flops import model_shape, rollout_tokens, step_work
 from rlft.tooling.metrics import EVAL_ACCURACY, Stopwatch, collected_row, eval_row, step_row
-from rlft.tooling.collapse import COLLAPSE_WINDOW, EARLY_UPDATES, CollapseReading, CollapseWatch, early_kl_warning
 from rlft.tooling.monitor import Monitor, read_metrics, truncate_metrics
 from rlft.tooling.peaks import run_roofs
 from rlft.tooling.profiling import StepProfiler
