@@ -37,7 +37,7 @@ from rlft.rollout import engine_for
 from rlft.run_dir import RunLock, check_unused
 from rlft.rollout.collect import Collector, Overlong
 from rlft.tooling.allocator import reuse_freed_memory
-from rlft.tooling.collapse import COLLAPSE_WINDOW, EARLY_UPDATES, CollapseReading, CollapseWatch, early_kl_warning
+from rlft.tooling.collapse import COLLAPSE_WINDOW, CollapseReading, CollapseWatch
 from rlft.tooling.flops import model_shape, rollout_tokens, step_work
 from rlft.tooling.metrics import EVAL_ACCURACY, Stopwatch, collected_row, eval_row, step_row
 from rlft.tooling.monitor import Monitor, read_metrics, truncate_metrics
@@ -117,13 +117,9 @@ class Loop:
         self.roofs = run_roofs(cfg)
         self.saved = [self.start_step]  # steps checkpointed by this invocation, newest last
         self.nonfinite_streak = 0       # steps in a row whose update was not applied (not finite)
-        t = cfg.trainer
-        self.collapse = CollapseWatch(COLLAPSE_WINDOW, t.collapse_drop)
-        self.early_kls: list[float] = []  # train/approx_kl of the first updates (rlft.tooling.collapse.early_kl_warning)
-        if self.start_step and (run_dir / "metrics.jsonl").is_file():  # the watch's state is its logged rewards:
-            rows = read_metrics(run_dir / "metrics.jsonl")  # a resumed run fires where a straight one does
-            self.collapse.replay(rows)
-            self.early_kls = [r["train/approx_kl"] for r in rows if "train/approx_kl" in r][:EARLY_UPDATES]
+        self.collapse = CollapseWatch(COLLAPSE_WINDOW, cfg.trainer.collapse_drop)
+        if self.start_step and (run_dir / "metrics.jsonl").is_file():  # the watch's state is its logged rows:
+            self.collapse.replay(read_metrics(run_dir / "metrics.jsonl"))  # resumed, it warns as a straight run
         self.collapsed_at: int | None = None  # the step trainer.stop_on_collapse stopped the run at
 
     def step(self, step: int) -> bool:
@@ -160,10 +156,8 @@ class Loop:
         with clock("train"):
             stats = self.learner.update(TrainBatch(rollout, advantages, loss_mask, ref_logp), settings, lr)
         self.count_nonfinite(step, stats)  # a non-finite update was not applied; too many in a row stop the run
-        if len(self.early_kls) < EARLY_UPDATES:
-            self.early_kls.append(stats.approx_kl)
-            if warning := early_kl_warning(self.early_kls):
-                self.monitor.warn(f"step {step}: {warning}")
+        if warning := self.collapse.observe_update(stats.approx_kl):  # the early old-new KL warning, once
+            self.monitor.warn(f"step {step}: {warning}")
 
         # ---- 7. Push the new weights to the rollout engine (once it has collected the next batch).
         sync, waited = self.collector.push_weights(self.learner)

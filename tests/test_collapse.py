@@ -62,6 +62,20 @@ def test_the_state_is_rebuilt_from_the_logged_rows():
     assert [resumed.observe(r) for r in rewards[4:]] == [straight.observe(r) for r in rewards[4:]]
 
 
+def test_the_early_warning_is_given_once_and_a_resumed_run_gives_it_where_a_straight_one_does():
+    kls = [0.4, 0.3, 0.2, 0.25, 0.1, 0.9, 0.9]  # the first five average 0.25
+    straight = CollapseWatch(3, 0.5)
+    warnings = [straight.observe_update(kl) for kl in kls]
+    assert [w is not None for w in warnings] == [False, False, False, False, True, False, False]
+    rows = [{"step": i + 1, "train/approx_kl": kl} for i, kl in enumerate(kls)]
+    rows.insert(1, {"step": 1, "kind": "eval", "train/approx_kl": 5.0})  # not an update: skipped
+    for stopped_after in (3, 5):  # resumed before the fifth update, and after it
+        resumed = CollapseWatch(3, 0.5)
+        resumed.replay(rows[:stopped_after + 1])
+        assert [resumed.observe_update(kl) is not None for kl in kls[stopped_after:]] == \
+            [w is not None for w in warnings[stopped_after:]]
+
+
 COLLAPSING = ["model=tiny_moe", "algo.kl_coef=0", "trainer.steps=40", "trainer.prompts_per_step=32",
               "algo.ppo_epochs=8", "compute.micro_batch_size=64", "optim.lr=1e-3", "trainer.eval_every=100",
               "trainer.save_every=5", "logger.console=true"]

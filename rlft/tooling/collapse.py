@@ -15,7 +15,8 @@ resumed run rebuilds it from its metrics and fires where a straight run does.
 
 One leading signal did stand out in the study, early and without a stop: a mean old-new KL (train/approx_kl)
 above 0.2 over the first 5 updates came before a collapse in 16 of the 18 runs that had it (and in 16 of the
-37 collapses). `early_kl_warning` turns it into a console warning after the 5th update.
+37 collapses). `early_kl_warning` turns it into a console warning after the 5th update; the watch keeps
+those first KLs too, so one replay of the logged rows restores both.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from collections import deque
 from dataclasses import dataclass
 
 TASK_REWARD = "collapse/task_reward"
+APPROX_KL = "train/approx_kl"
 COLLAPSE_WINDOW = 5  # steps in the moving mean: long enough to average out a bad batch, short enough to act
 MIN_BEST = 0.05  # a run whose moving mean never got above this had nothing to lose: it never fires
 EARLY_UPDATES, EARLY_KL = 5, 0.2  # the early warning: mean old-new KL of the first 5 updates above 0.2
@@ -55,6 +57,7 @@ class CollapseWatch:
         self.recent: deque[float] = deque(maxlen=window)
         self.best = -math.inf
         self.fired = False
+        self.early_kls: list[float] = []  # the old-new KL of the first EARLY_UPDATES updates, in order
 
     def observe(self, task_reward: float) -> CollapseReading:
         """The reading after this step's mean task reward (a step without a finite one leaves the state as it
@@ -71,11 +74,23 @@ class CollapseWatch:
         onset, self.fired = fired and not self.fired, fired
         return CollapseReading(task_reward, mean, self.best, drop, fired, onset)
 
+    def observe_update(self, approx_kl: float) -> str | None:
+        """The early warning after the EARLY_UPDATES-th update (see early_kl_warning); None at every other."""
+        if len(self.early_kls) >= EARLY_UPDATES:
+            return None
+        self.early_kls.append(approx_kl)
+        return early_kl_warning(self.early_kls)
+
     def replay(self, rows: list[dict]) -> None:
-        """The state after the logged steps `rows` (metrics.jsonl rows; eval rows and older logs skipped)."""
+        """The state after the logged steps `rows` (metrics.jsonl rows; eval rows and older logs skipped). A
+        warning the replayed updates already gave is not given again."""
         for row in rows:
-            if row.get("kind") != "eval" and row.get(TASK_REWARD) is not None:
+            if row.get("kind") == "eval":
+                continue
+            if row.get(TASK_REWARD) is not None:
                 self.observe(row[TASK_REWARD])
+            if row.get(APPROX_KL) is not None and len(self.early_kls) < EARLY_UPDATES:
+                self.early_kls.append(row[APPROX_KL])
 
 
 def early_kl_warning(approx_kls: list[float]) -> str | None:
