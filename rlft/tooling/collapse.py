@@ -25,8 +25,9 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+from rlft.tooling.metrics import APPROX_KL
+
 TASK_REWARD = "collapse/task_reward"
-APPROX_KL = "train/approx_kl"
 COLLAPSE_WINDOW = 5  # steps in the moving mean: long enough to average out a bad batch, short enough to act
 MIN_BEST = 0.05  # a run whose moving mean never got above this had nothing to lose: it never fires
 EARLY_UPDATES, EARLY_KL = 5, 0.2  # the early warning: mean old-new KL of the first 5 updates above 0.2

@@ -21,6 +21,7 @@ EVAL_ACCURACY = "eval/accuracy"
 TRAIN_REWARD = "train/reward_mean"
 TRAIN_TOKENS = "train/tokens"
 STEP_SECONDS = "perf/step_seconds"
+APPROX_KL = "train/approx_kl"  # old -> new policy, the update's mean (the early warning reads it too)
 PHASE_SECONDS = {"generate": "perf/generate_seconds", "reference": "perf/ref_seconds",
                  "forward": "perf/forward_seconds", "backward": "perf/backward_seconds"}  # the work phases' clocks
 
@@ -91,7 +92,7 @@ def step_row(step: int, groups: ScoredGroups, rewards: torch.Tensor, stats: Upda
         "train/accuracy": scores.correct.mean().item(),
         **{f"reward/{name}": values.mean().item() for name, values in scores.parts.items()},
         "reward/errors": scores.errors,
-        "train/loss": stats.loss, "train/pg_loss": stats.pg_loss, "train/approx_kl": stats.approx_kl,
+        "train/loss": stats.loss, "train/pg_loss": stats.pg_loss, APPROX_KL: stats.approx_kl,
         "train/entropy": stats.entropy, "train/grad_norm": stats.grad_norm, TRAIN_TOKENS: stats.tokens,
         "train/skipped_updates": stats.skipped_updates,  # not applied: a non-finite loss or gradient norm
         **{key: value for key, value in optional.items() if value is not None},
